@@ -1,0 +1,113 @@
+"""Recording a block of PyTorch code. The only part of the package that touches torch internals."""
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Iterable, Optional
+
+from ..model import Trace
+
+__all__ = ["capture"]
+
+from .recorder import _state  # the recorder active in this thread, if any
+
+
+class capture:
+    """Record every tensor operation of a block, its autograd graph and what breaks it.
+
+    >>> with capture() as trace:
+    ...     loss = model(x).sum()
+    >>> trace.diagnoses
+
+    The block runs exactly as without the capture: same results, same exceptions, same
+    gradients. `trace` is filled in when the block ends, also when it raised. Only the
+    thread that entered the block is recorded (PyTorch's function modes are per thread).
+
+    namespace: dicts in which to look up the user's variable names (default: the locals
+    and globals of the code that entered the block, plus the globals of every frame seen).
+    """
+
+    def __init__(self, namespace: Optional[Iterable[dict]] = None):
+        if namespace is not None and isinstance(namespace, dict):
+            namespace = [namespace]
+        if namespace is not None and not all(isinstance(ns, dict) for ns in namespace):
+            raise TypeError("capture(namespace=...) takes a dict or a list of dicts of variable names, "
+                            "for example capture(namespace=globals())")
+        self._namespace = None if namespace is None else list(namespace)
+        self._recorder = None
+        self._outer = None
+        self.trace = Trace()
+
+    def __enter__(self) -> Trace:
+        from .recorder import Recorder, install_function_hook
+
+        if self._namespace is None:
+            frame = sys._getframe(1)
+            self._namespace = [frame.f_locals, frame.f_globals]
+        self._outer = getattr(_state, "recorder", None)
+        if self._outer is not None:
+            # Entering a second mode would record everything twice: share the outer recorder.
+            self._recorder = self._outer
+            return self.trace
+        self._recorder = Recorder()
+        self._recorder.__enter__()
+        _state.recorder = self._recorder
+        install_function_hook()
+        return self.trace
+
+    def __exit__(self, exc_type, exc, tb):
+        from .recorder import remove_function_hook
+
+        recorder = self._recorder
+        try:
+            if self._outer is None:
+                _state.recorder = None
+                remove_function_hook()
+                recorder.__exit__(None, None, None)
+            previous_off, recorder.off = recorder.off, "building the trace"
+            try:
+                self.trace.__dict__.update(finish(recorder, self._namespace, exc).__dict__)
+            finally:
+                recorder.off = previous_off
+        except Exception as internal:  # the user's result matters more than our report
+            message = "jupyter_autograd could not analyse this block (%s: %s)" % (type(internal).__name__, internal)
+            self.trace.warnings.append(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+        finally:
+            self._recorder = self._outer = self._namespace = None
+        if exc is not None:
+            _hide_own_frames(exc)
+        return False
+
+
+def _hide_own_frames(exc: BaseException) -> None:
+    """Unlink the recorder's frame from the user's traceback, so it reads as without us."""
+    from .recorder import Recorder
+
+    own = Recorder.__torch_function__.__code__
+    tb, prev = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code is own:
+            if prev is None:
+                exc.__traceback__ = tb.tb_next
+            else:
+                prev.tb_next = tb.tb_next
+        else:
+            prev = tb
+        tb = tb.tb_next
+
+
+def finish(recorder, namespaces, exc=None) -> Trace:
+    from ..diagnose import diagnose
+    from .build import build_trace, end_checkpoint
+
+    try:
+        end_checkpoint(recorder)
+    except Exception as internal:
+        recorder.failure = recorder.failure or "inspecting the graph at the end: %s: %s" % (
+            type(internal).__name__, internal)
+    trace = build_trace(recorder, namespaces or [], exc)
+    if recorder.failure:
+        trace.warnings.append("recording stopped early after an internal error: " + recorder.failure)
+    trace.diagnoses = diagnose(trace)
+    return trace

@@ -1,0 +1,258 @@
+"""Turn a finished Recorder into a plain-data Trace: names, locations, graph, checkpoints."""
+from __future__ import annotations
+
+import ast
+import bisect
+import linecache
+from typing import Dict, Iterable, List, Optional
+
+import torch
+
+from ..model import Checkpoint, GraphNode, Location, OpRecord, SavedSlot, TensorInfo, Trace
+from . import graph as graph_snapshot
+from .recorder import (_BACKWARD_FUNCS, _DATA_GETTER, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD, OP_IN, OP_LINE,
+                       OP_OUT, OP_SEQ, OP_VA, OP_VB, OP_WR)
+
+_op_names = {}
+
+
+def op_name(func) -> str:
+    try:
+        name = _op_names.get(func)
+    except TypeError:
+        name = None
+    if name is not None:
+        return name
+    owner = getattr(func, "__self__", None)
+    if func == _DATA_GETTER:
+        name = "Tensor.data"
+    elif isinstance(owner, type):  # a classmethod such as MyFunction.apply
+        name = "%s.%s" % (owner.__name__, getattr(func, "__name__", "?"))
+    else:
+        qual = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+        module = getattr(func, "__module__", None) or ""
+        head, _, tail = qual.rpartition(".")
+        if head in ("TensorBase", "Tensor", "_TensorBase"):
+            name = "Tensor." + tail
+        elif head == "_VariableFunctionsClass" or module == "torch":
+            name = "torch." + tail
+        elif module in ("torch.nn.functional", "torch._C._nn") or module.startswith("torch.nn.functional"):
+            name = "F." + tail
+        elif module:
+            name = module + "." + qual
+        else:
+            name = qual
+    try:
+        _op_names[func] = name
+    except TypeError:
+        pass
+    return name
+
+
+def end_checkpoint(recorder):
+    """Inspect every graph still reachable from a live tensor of the block."""
+    roots = []
+    for meta in recorder.tensor_meta:
+        t = meta[0]()
+        if t is not None and t.grad_fn is not None:
+            roots.append(t)
+    snap = graph_snapshot.take(recorder, roots, len(recorder.ops), "end")
+    recorder.checkpoints.append(snap)
+    return snap
+
+
+def build_trace(recorder, namespaces: Iterable[dict], error: Optional[BaseException] = None) -> Trace:
+    trace = Trace()
+    if error is not None:
+        trace.error = "%s: %s" % (type(error).__name__, error)
+    locations = _locations(recorder, trace)
+    _tensors(recorder, trace)
+    _ops(recorder, trace, locations)
+    _graph(recorder, trace)
+    _names(recorder, trace, namespaces)
+    return trace
+
+
+def _locations(recorder, trace) -> Dict[tuple, Location]:
+    cache: Dict[tuple, Location] = {}
+    for rec in recorder.ops:
+        code, line = rec[OP_CODE], rec[OP_LINE]
+        if code is None or (code, line) in cache:
+            continue
+        filename = code.co_filename
+        if filename not in trace.sources:
+            trace.sources[filename] = list(linecache.getlines(filename))
+        text = trace.source_line(filename, line).strip()
+        cache[(code, line)] = Location(filename, line, code.co_name, text)
+    return cache
+
+
+def _tensors(recorder, trace):
+    for t_id, meta in enumerate(recorder.tensor_meta):
+        ref, shape, dtype, device, requires_grad, is_leaf, fn_name, created_by, base, alias_of = meta
+        info = TensorInfo(tid=t_id, shape=tuple(shape), dtype=str(dtype).replace("torch.", ""),
+                          device=str(device), requires_grad=bool(requires_grad), is_leaf=bool(is_leaf),
+                          grad_fn=fn_name, created_by=created_by, base=base, data_alias_of=alias_of)
+        t = ref()
+        if t is not None:
+            info.alive = True
+            info.requires_grad = bool(t.requires_grad)
+            info.is_leaf = bool(t.is_leaf)
+            fn = t.grad_fn
+            info.grad_fn = None if fn is None else fn.name()
+            info.node = None if fn is None else graph_snapshot.node_key(fn, recorder)
+            info.grad = _grad_summary(t)
+            info.version = t._version
+        trace.tensors[t_id] = info
+
+
+def _grad_summary(t) -> Optional[str]:
+    try:
+        g = t.grad if t.is_leaf else None
+    except Exception:
+        return None
+    if g is None:
+        return None
+    flat = g.detach().reshape(-1)[:6].tolist()
+    values = ", ".join("%.4g" % v for v in flat)
+    more = ", ..." if g.numel() > 6 else ""
+    return "tensor([%s%s]) shape=%s" % (values, more, tuple(g.shape))
+
+
+def _ops(recorder, trace, locations):
+    for index, rec in enumerate(recorder.ops):
+        func = rec[OP_FUNC]
+        written = rec[OP_WR] or ()
+        err = rec[OP_ERR]
+        op = OpRecord(index=index, name=op_name(func), location=locations.get((rec[OP_CODE], rec[OP_LINE])),
+                      inputs=rec[OP_IN], outputs=rec[OP_OUT], versions_before=rec[OP_VB], versions_after=rec[OP_VA],
+                      writes=tuple(w[0] for w in written), write_ranges=tuple(w[1] for w in written),
+                      grad_enabled=rec[OP_GRAD], node=rec[OP_SEQ],
+                      error=None if err is None else "%s: %s" % err, is_backward=func in _BACKWARD_FUNCS)
+        trace.ops.append(op)
+        for t_id, vb, va in zip(op.inputs, op.versions_before, op.versions_after):
+            info = trace.tensors[t_id]
+            if not info.versions:
+                info.versions.append((-1 if info.created_by is None else info.created_by, vb))
+            if va != vb:
+                info.versions.append((index, va))
+        for t_id in op.outputs:
+            info = trace.tensors[t_id]
+            if not info.versions and info.created_by == index:
+                info.versions.append((index, 0))
+
+
+def _graph(recorder, trace):
+    seqs = sorted(recorder.seq_to_op)
+
+    def created_by(key):
+        if key < 0:
+            return None
+        op = recorder.seq_to_op.get(key)
+        if op is None:
+            # Nodes made inside one call (F.linear makes TBackward then AddmmBackward) precede the
+            # output's node in sequence: attribute them to the first op whose node comes after.
+            i = bisect.bisect_left(seqs, key)
+            op = recorder.seq_to_op[seqs[i]] if i < len(seqs) else None
+        return op
+
+    for key, (name, inputs, variable, consumed) in recorder.graph_nodes.items():
+        trace.nodes[key] = GraphNode(key=key, name=name, created_by=created_by(key),
+                                     inputs=[k for k in inputs if k is not None], variable=variable,
+                                     consumed_by=list(consumed))
+    latest: Dict[tuple, SavedSlot] = {}
+    for op_index, kind, roots, raw_slots in recorder.checkpoints:
+        cp = Checkpoint(op_index=op_index, kind=kind, roots=list(roots))
+        for raw in raw_slots:
+            slot = SavedSlot(*raw)
+            cp.slots.append(slot)
+            prev = latest.get((slot.node, slot.slot))
+            if prev is None or not prev.stale or slot.stale:
+                if not (slot.freed and prev is not None):
+                    latest[(slot.node, slot.slot)] = slot
+        trace.checkpoints.append(cp)
+        for r in roots:
+            if r not in trace.roots:
+                trace.roots.append(r)
+    for (key, _), slot in latest.items():
+        if key in trace.nodes:
+            trace.nodes[key].saved.append(slot)
+
+
+def _names(recorder, trace, namespaces):
+    tid_of = recorder.tid_of
+    found: Dict[int, str] = {}
+    spaces: List[dict] = [ns for ns in namespaces if isinstance(ns, dict)]
+    spaces += list(recorder.user_globals.values())
+    params: Dict[int, str] = {}
+    for ns in spaces:
+        for name, value in list(ns.items()):
+            if name.startswith("_") or name in ("In", "Out"):
+                continue
+            if isinstance(value, torch.Tensor):
+                t_id = tid_of.get(id(value))
+                if t_id is not None:
+                    found.setdefault(t_id, name)
+            elif isinstance(value, torch.nn.Module):
+                try:
+                    for pname, p in list(value.named_parameters()) + list(value.named_buffers()):
+                        t_id = tid_of.get(id(p))
+                        if t_id is not None:
+                            params.setdefault(t_id, "%s.%s" % (name, pname))
+                except Exception:
+                    continue
+    for t_id, name in params.items():
+        found.setdefault(t_id, name)
+    for t_id, name in recorder.names.items():
+        found.setdefault(t_id, name)
+    for t_id, name in _assignment_targets(trace).items():
+        found.setdefault(t_id, name)
+    for t_id, info in trace.tensors.items():
+        info.name = found.get(t_id)
+    # Views and aliases without a name of their own go by their base's name.
+    for info in trace.tensors.values():
+        if info.name is None:
+            seen, cur = set(), info
+            while cur.name is None and cur.tid not in seen:
+                seen.add(cur.tid)
+                nxt = cur.base if cur.base is not None else cur.data_alias_of
+                if nxt is None or nxt not in trace.tensors:
+                    break
+                cur = trace.tensors[nxt]
+            if cur.name is not None and cur is not info:
+                info.name = cur.name + (".data" if info.data_alias_of == cur.tid else "")
+
+
+def _assignment_targets(trace) -> Dict[int, str]:
+    """`d = torch.matmul(x, w1)` names the result of the last op that ran on that line."""
+    names: Dict[int, str] = {}
+    parsed: Dict[str, Optional[str]] = {}
+    ops = trace.ops
+    for i, op in enumerate(ops):
+        if not op.outputs or op.location is None or op.is_backward:
+            continue
+        nxt = ops[i + 1] if i + 1 < len(ops) else None
+        if nxt is not None and nxt.location == op.location:
+            continue
+        text = op.location.source
+        if text not in parsed:
+            parsed[text] = _simple_target(text)
+        target = parsed[text]
+        if target:
+            names.setdefault(op.outputs[0], target)
+    return names
+
+
+def _simple_target(text: str) -> Optional[str]:
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1:
+        return None
+    stmt = tree.body[0]
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        return stmt.targets[0].id
+    if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) and isinstance(stmt.target, ast.Name):
+        return stmt.target.id
+    return None

@@ -1,0 +1,161 @@
+"""Snapshots of the grad_fn graph: nodes, edges and saved tensors, as plain tuples.
+
+The walk is iterative (graphs of 100,000 nodes are deep chains) and holds node objects only
+while it runs: a strong reference to a grad_fn keeps its saved tensors alive.
+Staleness is decided by PyTorch's own check (reading `_saved_<name>` raises exactly when
+backward would), so the prediction cannot drift from what backward does.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+_STALE = re.compile(r"is at version (\d+); expected version (\d+) instead")
+_saved_names_by_type = {}
+
+
+def node_key(node, recorder):
+    """A stable integer for a node across snapshots: its sequence number, or for a leaf's
+    AccumulateGrad (which has none) a negative number derived from the leaf's tid."""
+    if type(node).__name__ == "AccumulateGrad":
+        return -1 - recorder._tid(node.variable)
+    return node._sequence_nr()
+
+
+def saved_names(node):
+    cls = type(node)
+    names = _saved_names_by_type.get(cls)
+    if names is None:
+        names = _saved_names_by_type[cls] = tuple(
+            n[len("_raw_saved_"):] for n in dir(cls) if n.startswith("_raw_saved_"))
+    return names
+
+
+def take(recorder, roots, op_index, kind):
+    """Walk the graph from root tensors (or nodes); return (op_index, kind, root keys, slots).
+
+    Node structure is merged into recorder.graph_nodes: key -> [name, input keys, leaf tid,
+    set of backward op indices that ran it]. Slots are tuples:
+    (node key, slot, tid, shape, dtype, saved_version, current_version, stale, freed, byte range, is_output).
+    """
+    from .recorder import _byte_range
+
+    nodes = recorder.graph_nodes
+    stack, root_keys, held = [], [], {}
+    for r in roots:
+        fn = r.grad_fn if isinstance(r, torch.Tensor) else r
+        if fn is not None:
+            stack.append(fn)
+            root_keys.append(node_key(fn, recorder))
+    slots = []
+    by_pointer = _PointerIndex(recorder)
+    backward = op_index if kind == "backward" else None
+    while stack:
+        fn = stack.pop()
+        if id(fn) in held:
+            continue
+        held[id(fn)] = fn
+        key = node_key(fn, recorder)
+        entry = nodes.get(key)
+        children = [c for c, _ in fn.next_functions]
+        child_keys = [None if c is None else node_key(c, recorder) for c in children]
+        if entry is None:
+            variable = recorder._tid(fn.variable) if type(fn).__name__ == "AccumulateGrad" else None
+            entry = nodes[key] = [fn.name(), child_keys, variable, []]
+        if backward is not None and backward not in entry[3]:
+            entry[3].append(backward)
+        for c in children:
+            if c is not None and id(c) not in held:
+                stack.append(c)
+        for name in saved_names(fn):
+            slots.extend(_slots_of(fn, key, name, recorder, _byte_range, by_pointer))
+    held.clear()
+    return (op_index, kind, root_keys, slots)
+
+
+def _slots_of(fn, key, name, recorder, byte_range, by_pointer):
+    try:
+        raw = getattr(fn, "_raw_saved_" + name)
+    except RuntimeError:  # lists of saved tensors raise once an earlier backward freed them
+        return [(key, name, None, (), "", None, None, False, True, None, False)]
+    if isinstance(raw, (list, tuple)):
+        items = [("%s[%d]" % (name, i), r) for i, r in enumerate(raw)]
+    else:
+        items = [(name, raw)]
+    check = "_saved_" + name if hasattr(type(fn), "_saved_" + name) else "saved_" + name
+    stale, versions = None, None
+    out = []
+    for slot, saved in items:
+        data = saved.data
+        if data is None:
+            out.append((key, slot, None, (), "", None, None, False, True, None, False))
+            continue
+        if stale is None:
+            stale, versions = _check(fn, check)
+        t_id = recorder.tid_of.get(id(data))
+        is_output = t_id is None
+        if is_output:
+            # Saved outputs and views made inside a call (weight.t() in F.linear) come back as
+            # new tensor objects: find the recorded tensor they alias.
+            t_id = _match_output(recorder, fn, data)
+            if t_id is None:
+                t_id = by_pointer(data)
+        current = data._version
+        saved_version = versions[1] if stale and versions else current
+        out.append((key, slot, t_id, tuple(data.shape), str(data.dtype).replace("torch.", ""),
+                    saved_version, current, bool(stale), False, byte_range(data), is_output))
+    return out
+
+
+def _check(fn, attr):
+    """Run PyTorch's own saved-variable check. Returns (stale, (current, expected) or None)."""
+    try:
+        getattr(fn, attr)
+    except Exception as exc:
+        m = _STALE.search(str(exc))
+        if m:
+            return True, (int(m.group(1)), int(m.group(2)))
+        return False, None
+    return False, None
+
+
+class _PointerIndex:
+    """Live recorded tensors by data pointer, built on first use (once per snapshot)."""
+
+    def __init__(self, recorder):
+        self.recorder, self.index = recorder, None
+
+    def __call__(self, data):
+        if self.index is None:
+            self.index = {}
+            for t_id, meta in enumerate(self.recorder.tensor_meta):
+                t = meta[0]()
+                if t is not None:
+                    try:
+                        self.index.setdefault(t.data_ptr(), []).append(t_id)
+                    except Exception:
+                        continue
+        try:
+            candidates = self.index.get(data.data_ptr(), ())
+        except Exception:
+            return None
+        metas = self.recorder.tensor_meta
+        # The original tensor rather than a `.data` alias or a view of it.
+        plain = [t for t in candidates if metas[t][9] is None and metas[t][8] is None]
+        return (plain or list(candidates) or [None])[0]
+
+
+def _match_output(recorder, fn, data):
+    """A saved output comes back as a new tensor object: find the recorded tensor it aliases."""
+    op_index = recorder.seq_to_op.get(fn._sequence_nr())
+    ptr, shape = data.data_ptr(), tuple(data.shape)
+    candidates = recorder.ops[op_index][6] if op_index is not None else ()
+    for t_id in candidates:
+        t = recorder.tensor_meta[t_id][0]()
+        if t is not None and t.data_ptr() == ptr and tuple(t.shape) == shape:
+            return t_id
+    for t_id in candidates:
+        if recorder.tensor_meta[t_id][1] == shape:
+            return t_id
+    return None

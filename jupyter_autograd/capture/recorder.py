@@ -1,0 +1,229 @@
+"""The per-operation recorder: a TorchFunctionMode that notes every tensor call of the block.
+
+This is the hot path. It stores flat tuples and does no string formatting or graph work;
+everything else happens once, when the block ends (see build.py). It must never raise
+anything but the user's own exception: any internal failure switches recording off and the
+user's code goes on as if the tool were not there.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import weakref
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from . import graph as graph_snapshot
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_Tensor = torch.Tensor
+_DATA_GETTER = torch.Tensor.data.__get__
+_GETTER_TYPE = type(_DATA_GETTER)
+_BACKWARD_FUNCS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+
+# An op record is a flat tuple (cheap to build, invisible to the cyclic GC's hot lists):
+# (func, code, lineno, input tids, versions before, versions after, output tids,
+#  output node seq or None, written byte ranges or None, grad enabled, error or None)
+OP_FUNC, OP_CODE, OP_LINE, OP_IN, OP_VB, OP_VA, OP_OUT, OP_SEQ, OP_WR, OP_GRAD, OP_ERR = range(11)
+
+_state = threading.local()  # .recorder: the Recorder active in this thread, if any
+_Function = torch.autograd.function.Function
+_original_apply = _Function.__dict__["apply"]
+_hook_users = [0]
+
+
+def _recording_apply(cls, *args, **kwargs):
+    """Custom autograd.Function.apply is no torch function: record it as one op of the caller."""
+    bound = _original_apply.__get__(None, cls)
+    recorder = getattr(_state, "recorder", None)
+    if recorder is None or recorder.off is not None:
+        return bound(*args, **kwargs)
+    return recorder.__torch_function__(bound, (), args, kwargs)
+
+
+def install_function_hook():
+    _hook_users[0] += 1
+    if _hook_users[0] == 1:
+        _Function.apply = classmethod(_recording_apply)
+
+
+def remove_function_hook():
+    _hook_users[0] = max(0, _hook_users[0] - 1)
+    if _hook_users[0] == 0:
+        _Function.apply = _original_apply
+
+
+class Recorder(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+        self.tensor_meta = []          # per tid: (weakref, shape, dtype, device, requires_grad, is_leaf, grad_fn name, created_by, base tid, data alias of)
+        self.tid_of = {}               # id(tensor) -> tid, for tensors still alive
+        self.internal_code = {}        # code object -> True when it belongs to torch or to us
+        self.user_globals = {}         # id(dict) -> globals dict of user frames (names, resolved at the end)
+        self.seq_to_op = {}            # grad_fn sequence number -> op index that created it
+        self.checkpoints = []          # graph snapshots taken before each backward call
+        self.names = {}                # tid -> name, from frames seen at backward calls
+        self.graph_nodes = {}          # node key -> [name, input keys, leaf tid, backward op indices]
+        self.failure = None            # why recording stopped, if it did
+        self.off = None                # non-None while recording is paused or after a failure
+
+    # -- hot path -----------------------------------------------------------------------------
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        __tracebackhide__ = True  # noqa: F841  (IPython hides this frame in tracebacks)
+        if kwargs is None:
+            kwargs = {}
+        if self.off is not None or (type(func) is _GETTER_TYPE and func != _DATA_GETTER) or _is_compiling():
+            return func(*args, **kwargs)
+        try:
+            tensors = _tensors_in(args, kwargs)
+            before = tuple([t._version for t in tensors])
+            if func in _BACKWARD_FUNCS:
+                self._checkpoint_before_backward(func, args, kwargs)
+        except Exception as exc:  # never let the tool break the user's call
+            self._fail(exc)
+            return func(*args, **kwargs)
+        try:
+            result = func(*args, **kwargs)
+        except BaseException as exc:
+            try:
+                self._record(func, tensors, before, None, exc)
+            except Exception as inner:
+                self._fail(inner)
+            raise
+        try:
+            self._record(func, tensors, before, result, None)
+        except Exception as exc:
+            self._fail(exc)
+        return result
+
+    def _record(self, func, tensors, before, result, error):
+        tid = self._tid
+        after = tuple([t._version for t in tensors])
+        written = None
+        if after != before:
+            written = tuple((tid(t), _byte_range(t)) for t, b, a in zip(tensors, before, after) if a != b)
+        index = len(self.ops)
+        outputs, seq = (), None
+        if result is not None:
+            outs = [result] if isinstance(result, _Tensor) else (
+                [r for r in result if isinstance(r, _Tensor)] if isinstance(result, (tuple, list)) else ())
+            if outs:
+                alias_of = tid(args_first(tensors)) if func == _DATA_GETTER else None
+                out_ids = []
+                for out in outs:
+                    key = id(out)
+                    t_id = self.tid_of.get(key)
+                    if t_id is None:
+                        t_id = self._register(out, index, alias_of)
+                    out_ids.append(t_id)
+                    if out.requires_grad:
+                        fn = out.grad_fn
+                        if fn is not None:
+                            seq = fn._sequence_nr()
+                            self.seq_to_op.setdefault(seq, index)
+                outputs = tuple(out_ids)
+        frame = sys._getframe(2)
+        internal = self.internal_code
+        while frame is not None:
+            code = frame.f_code
+            flag = internal.get(code)
+            if flag is None:
+                flag = internal[code] = code.co_filename.startswith((_TORCH_DIR, _OWN_DIR))
+                if not flag:
+                    self.user_globals.setdefault(id(frame.f_globals), frame.f_globals)
+            if not flag:
+                break
+            frame = frame.f_back
+        code, line = (frame.f_code, frame.f_lineno) if frame is not None else (None, 0)
+        self.ops.append((func, code, line, tuple([tid(t) for t in tensors]), before, after, outputs, seq,
+                         written, _grad_enabled(), None if error is None else (type(error).__name__, str(error))))
+
+    def _tid(self, t):
+        t_id = self.tid_of.get(id(t))
+        return self._register(t, None, None) if t_id is None else t_id
+
+    def _register(self, t, created_by, alias_of):
+        t_id = len(self.tensor_meta)
+        key = id(t)
+        tid_of = self.tid_of
+
+        def forget(_ref, key=key, t_id=t_id):
+            if tid_of.get(key) == t_id:
+                del tid_of[key]
+
+        base = t._base
+        fn = t.grad_fn
+        self.tensor_meta.append((weakref.ref(t, forget), tuple(t.shape), t.dtype, t.device, t.requires_grad,
+                                 t.is_leaf, None if fn is None else fn.name(), created_by,
+                                 None if base is None else self._tid(base), alias_of))
+        tid_of[key] = t_id
+        return t_id
+
+    def _fail(self, exc):
+        self.failure = self.off = "%s: %s" % (type(exc).__name__, exc)
+
+    # -- backward calls -------------------------------------------------------------------------
+    def _checkpoint_before_backward(self, func, args, kwargs):
+        """Inspect the graph about to be run: the diagnosis must exist even if backward raises."""
+        if func is torch.autograd.grad:
+            roots = args[0] if args else kwargs.get("outputs")
+        elif func is torch.autograd.backward:
+            roots = args[0] if args else kwargs.get("tensors")
+        else:
+            roots = args[0] if args else kwargs.get("self")
+        roots = [roots] if isinstance(roots, _Tensor) else list(roots or ())
+        frame = sys._getframe(2)
+        while frame is not None and frame.f_code.co_filename.startswith((_TORCH_DIR, _OWN_DIR)):
+            frame = frame.f_back
+        if frame is not None:
+            self.note_names(frame.f_locals)
+        self.checkpoints.append(graph_snapshot.take(self, roots, len(self.ops), "backward"))
+
+    def note_names(self, namespace):
+        for name, value in list(namespace.items()):
+            if isinstance(value, _Tensor) and not name.startswith("_"):
+                t_id = self.tid_of.get(id(value))
+                if t_id is not None:
+                    self.names.setdefault(t_id, name)
+
+
+def args_first(tensors):
+    return tensors[0]
+
+
+def _tensors_in(args, kwargs):
+    found = []
+    for a in args:
+        if isinstance(a, _Tensor):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, _Tensor):
+                    found.append(b)
+    if kwargs:
+        for a in kwargs.values():
+            if isinstance(a, _Tensor):
+                found.append(a)
+            elif isinstance(a, (list, tuple)):
+                for b in a:
+                    if isinstance(b, _Tensor):
+                        found.append(b)
+    return found
+
+
+def _byte_range(t):
+    """The bytes of memory a tensor spans (start, end): overlap finds writes through any alias."""
+    try:
+        if t.numel() == 0:
+            return None
+        start = t.data_ptr()
+        extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+        return (start, start + extent * t.element_size())
+    except Exception:  # sparse, meta or other layouts without plain memory
+        return None

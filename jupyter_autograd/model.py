@@ -1,0 +1,259 @@
+"""Plain data describing one captured block: operations, tensors, the autograd graph, diagnoses.
+
+Nothing here imports torch, IPython or ipywidgets: a Trace can be built in tests by hand,
+serialised to JSON, and rendered anywhere.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+PROBLEM_KINDS = ("leaf-inplace", "saved-tensor-modified", "silent-data-mutation", "accumulated-graph")
+
+
+@dataclass(frozen=True)
+class Location:
+    filename: str
+    line: int
+    function: str = ""
+    source: str = ""  # the stripped text of that line, "" when not available
+
+    def __str__(self) -> str:
+        return "%s:%d" % (self.filename, self.line)
+
+
+@dataclass
+class TensorInfo:
+    """What is known about one tensor seen in the block (never the tensor itself)."""
+    tid: int
+    shape: Tuple[int, ...]
+    dtype: str
+    device: str
+    requires_grad: bool
+    is_leaf: bool
+    name: Optional[str] = None
+    grad_fn: Optional[str] = None        # grad_fn name when first seen
+    created_by: Optional[int] = None     # index of the op that produced it
+    base: Optional[int] = None           # tid of the tensor it is a view of
+    data_alias_of: Optional[int] = None  # tid of the tensor whose `.data` this is (own version counter)
+    versions: List[Tuple[int, int]] = field(default_factory=list)  # (op index, version after that op)
+    alive: bool = False                  # still referenced by the user when the block ended
+    node: Optional[int] = None           # key of its grad_fn node at the end of the block
+    version: Optional[int] = None        # its version counter at the end of the block
+    grad: Optional[str] = None           # summary of .grad at the end of the block
+
+    @property
+    def label(self) -> str:
+        return self.name or "tensor#%d" % self.tid
+
+
+@dataclass
+class OpRecord:
+    index: int
+    name: str                            # user-facing name: torch.matmul, Tensor.add_, F.relu, ...
+    location: Optional[Location]
+    inputs: Tuple[int, ...] = ()
+    outputs: Tuple[int, ...] = ()
+    writes: Tuple[int, ...] = ()         # inputs whose version counter moved during the op
+    versions_before: Tuple[int, ...] = ()
+    versions_after: Tuple[int, ...] = ()
+    write_ranges: Tuple[Tuple[int, int], ...] = ()  # byte ranges written, one per entry of `writes`
+    grad_enabled: bool = True
+    node: Optional[int] = None           # key of the grad_fn node this op created
+    error: Optional[str] = None          # "RuntimeError: ..." when the op raised
+    is_backward: bool = False
+
+
+@dataclass
+class SavedSlot:
+    """One tensor a grad_fn node saved for backward, as seen at one checkpoint."""
+    node: int
+    slot: str                            # e.g. "self", "other", "result", "tensors[0]"
+    tid: Optional[int]
+    shape: Tuple[int, ...]
+    dtype: str
+    saved_version: Optional[int]
+    current_version: Optional[int]
+    stale: bool                          # PyTorch's own version check fails: backward will raise
+    freed: bool                          # buffers already released by an earlier backward
+    byte_range: Optional[Tuple[int, int]] = None
+    is_output: bool = False
+
+
+@dataclass
+class GraphNode:
+    key: int
+    name: str                            # MulBackward0, AccumulateGrad, ...
+    created_by: Optional[int] = None     # op index
+    inputs: List[int] = field(default_factory=list)  # keys of next_functions, in order
+    saved: List[SavedSlot] = field(default_factory=list)
+    variable: Optional[int] = None       # tid of the leaf, for AccumulateGrad
+    consumed_by: List[int] = field(default_factory=list)  # op indices of backward calls that ran it
+
+
+@dataclass
+class Checkpoint:
+    """The graph's saved tensors, inspected just before a backward call or at the block's end."""
+    op_index: int                        # the backward op, or len(ops) for the end of the block
+    kind: str                            # "backward" or "end"
+    roots: List[int] = field(default_factory=list)
+    slots: List[SavedSlot] = field(default_factory=list)
+
+
+@dataclass
+class Diagnosis:
+    kind: str
+    message: str
+    fix: str
+    filename: Optional[str] = None
+    line: Optional[int] = None
+    source: str = ""
+    saved_line: Optional[int] = None
+    saved_filename: Optional[str] = None
+    saved_source: str = ""
+    tensor: Optional[str] = None
+    node: Optional[str] = None
+    saved_version: Optional[int] = None
+    current_version: Optional[int] = None
+    op_index: Optional[int] = None       # the culprit op
+    saved_op_index: Optional[int] = None
+    node_key: Optional[int] = None
+    tids: Tuple[int, ...] = ()
+    predicted: bool = False              # made from the graph before any backward ran into it
+
+    @property
+    def title(self) -> str:
+        what = {"leaf-inplace": "In-place change of a leaf that requires grad",
+                "saved-tensor-modified": "A tensor saved for backward was modified in place",
+                "silent-data-mutation": "Silent gradient corruption through .data",
+                "accumulated-graph": "Graphs accumulated across iterations"}[self.kind]
+        return what + (" (`%s`)" % self.tensor if self.tensor else "")
+
+
+@dataclass
+class Trace:
+    """Everything captured from one block. Plain data: safe to keep after the block ends."""
+    ops: List[OpRecord] = field(default_factory=list)
+    tensors: Dict[int, TensorInfo] = field(default_factory=dict)
+    nodes: Dict[int, GraphNode] = field(default_factory=dict)
+    checkpoints: List[Checkpoint] = field(default_factory=list)
+    diagnoses: List[Diagnosis] = field(default_factory=list)
+    roots: List[int] = field(default_factory=list)  # node keys of live results and backward roots
+    error: Optional[str] = None          # the user's exception, "Type: message", if the block raised
+    warnings: List[str] = field(default_factory=list)  # problems of the tool itself
+    sources: Dict[str, List[str]] = field(default_factory=dict)  # filename -> lines, for display
+
+    # -- convenience -------------------------------------------------------------------------
+    @property
+    def graph(self):
+        """The autograd graph as a networkx.DiGraph (built on each access)."""
+        return to_networkx(self)
+
+    def tensor_label(self, tid: Optional[int]) -> str:
+        if tid is None:
+            return "?"
+        info = self.tensors.get(tid)
+        return info.label if info else "tensor#%d" % tid
+
+    def source_line(self, filename: Optional[str], line: Optional[int]) -> str:
+        lines = self.sources.get(filename or "", [])
+        if line and 0 < line <= len(lines):
+            return lines[line - 1].rstrip("\n")
+        return ""
+
+    def backward_calls(self) -> List[OpRecord]:
+        return [op for op in self.ops if op.is_backward]
+
+    def summary(self) -> str:
+        from .render.text import graph_summary
+        return graph_summary(self)
+
+    def report(self) -> str:
+        from .render.text import text_report
+        return text_report(self)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "ops": [asdict(op) for op in self.ops],
+            "tensors": {str(k): asdict(v) for k, v in self.tensors.items()},
+            "nodes": {str(k): asdict(v) for k, v in self.nodes.items()},
+            "diagnoses": [asdict(d) for d in self.diagnoses],
+            "roots": list(self.roots),
+            "error": self.error,
+            "warnings": list(self.warnings),
+        }
+
+    def show(self):
+        """Display the interactive widget (in Jupyter) for this trace."""
+        from .widget import AutogradWidget
+        from IPython.display import display
+        widget = AutogradWidget(self)
+        display(widget)
+        return None
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        try:
+            from .widget import AutogradWidget
+            return AutogradWidget(self)._repr_mimebundle_(include=include, exclude=exclude)
+        except ImportError:
+            return {"text/plain": self.report()}
+
+    def __repr__(self) -> str:
+        kinds = ", ".join(d.kind for d in self.diagnoses) or "no problems"
+        return "<Trace: %d ops, %d graph nodes, %s>" % (len(self.ops), len(self.nodes), kinds)
+
+
+def node_id(key: int) -> str:
+    return "fn%d" % key
+
+
+def tensor_id(tid: int) -> str:
+    return "t%d" % tid
+
+
+def to_networkx(trace: Trace):
+    """The autograd graph with tensors: grad_fn nodes, leaves, saved tensors and root tensors.
+
+    Node attribute `kind` is one of "fn" (a grad_fn node), "leaf" (a leaf tensor that gets a
+    .grad), "saved" (a tensor a node saved), "tensor" (a live result). Edges run from a node
+    to what it needs in backward: `next` (next_functions), `saves`, `accumulates`, `grad_fn`.
+    """
+    import networkx as nx
+
+    g = nx.DiGraph()
+    culprits = {d.node_key for d in trace.diagnoses if d.node_key is not None}
+    bad_tids = {t for d in trace.diagnoses for t in d.tids}
+
+    def add_tensor(tid: int, kind: str) -> str:
+        nid = tensor_id(tid)
+        info = trace.tensors.get(tid)
+        if nid not in g:
+            g.add_node(nid, kind=kind, tid=tid, label=trace.tensor_label(tid),
+                       shape=tuple(info.shape) if info else (), problem=tid in bad_tids)
+        elif kind == "leaf":
+            g.nodes[nid]["kind"] = "leaf"
+        return nid
+
+    for key, node in trace.nodes.items():
+        g.add_node(node_id(key), kind="fn", key=key, label=node.name, problem=key in culprits,
+                   created_by=node.created_by)
+    for key, node in trace.nodes.items():
+        src = node_id(key)
+        if node.variable is not None:
+            g.add_edge(src, add_tensor(node.variable, "leaf"), kind="accumulates")
+        for child in node.inputs:
+            if child in trace.nodes:
+                g.add_edge(src, node_id(child), kind="next")
+        for slot in node.saved:
+            if slot.tid is not None and not (slot.tid in trace.tensors and trace.tensors[slot.tid].is_leaf
+                                             and trace.tensors[slot.tid].requires_grad):
+                g.add_edge(src, add_tensor(slot.tid, "saved"), kind="saves", slot=slot.slot)
+            elif slot.tid is not None:
+                g.add_edge(src, add_tensor(slot.tid, "leaf"), kind="saves", slot=slot.slot)
+    for info in trace.tensors.values():
+        if info.alive and info.name and info.grad_fn is not None:
+            key = info.node
+            if key is not None and key in trace.nodes:
+                g.add_edge(add_tensor(info.tid, "tensor"), node_id(key), kind="grad_fn")
+    return g
+

@@ -1,0 +1,1 @@
+"""Turning a Trace into pictures and text: layout (networkx), drawing (matplotlib), reports."""

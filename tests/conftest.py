@@ -1,0 +1,34 @@
+import os
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SHARED_SCENARIOS = ROOT.parent / "shared" / "scenarios"
+OWN_SCENARIOS = ROOT / "tests" / "scenarios"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def scenario_files():
+    files = sorted(OWN_SCENARIOS.glob("*.py"))
+    if SHARED_SCENARIOS.is_dir():
+        files += sorted(SHARED_SCENARIOS.glob("*.py"))
+    elif IN_CI:
+        raise RuntimeError("CI must run the shared scenario corpus, but %s does not exist" % SHARED_SCENARIOS)
+    return files
+
+
+@pytest.fixture
+def shell():
+    """A fresh IPython shell with the extension loaded, torn down after the test."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.testing.globalipapp import start_ipython
+
+    ip = start_ipython()
+    ip.run_line_magic("load_ext", "jupyter_autograd")
+    ip.run_line_magic("colors", "nocolor")
+    ip.user_ns.pop("trace", None)
+    yield ip
+    ip.run_line_magic("unload_ext", "jupyter_autograd")
+    ip.user_ns.clear()
+    ip.init_user_ns()
