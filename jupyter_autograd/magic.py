@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import ast
-import warnings
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .capture import capture
+from .capture import capture, warn
 
 
 @magics_class
@@ -29,6 +28,9 @@ class AutogradMagics(Magics):
         The cell's last expression is still its result; its exceptions propagate unchanged.
         Only the thread that runs the cell is recorded.
         """
+        if {"-h", "--help"} & set(line.split()):
+            print(self.autograd.__doc__)
+            return None
         try:
             args = parse_argstring(self.autograd, line)
         except UsageError:
@@ -85,8 +87,7 @@ class AutogradMagics(Magics):
                 from .widget import AutogradWidget
                 display(AutogradWidget(trace, filename=filename))
         except Exception as exc:  # our display must never hide the user's result or exception
-            warnings.warn("jupyter_autograd could not display its report (%s: %s)" % (type(exc).__name__, exc),
-                          RuntimeWarning, stacklevel=2)
+            warn("jupyter_autograd could not display its report (%s: %s)" % (type(exc).__name__, exc))
             try:
                 print(trace.report())
             except Exception:

@@ -20,15 +20,13 @@ def scenario_files():
 
 @pytest.fixture
 def shell():
-    """A fresh IPython shell with the extension loaded, torn down after the test."""
+    """A fresh InteractiveShell per test, with the extension loaded."""
     from IPython.core.interactiveshell import InteractiveShell
-    from IPython.testing.globalipapp import start_ipython
 
-    ip = start_ipython()
+    InteractiveShell.clear_instance()
+    ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "jupyter_autograd")
     ip.run_line_magic("colors", "nocolor")
-    ip.user_ns.pop("trace", None)
     yield ip
     ip.run_line_magic("unload_ext", "jupyter_autograd")
-    ip.user_ns.clear()
-    ip.init_user_ns()
+    InteractiveShell.clear_instance()

@@ -23,27 +23,31 @@ class capture:
     gradients. `trace` is filled in when the block ends, also when it raised. Only the
     thread that entered the block is recorded (PyTorch's function modes are per thread).
 
-    namespace: dicts in which to look up the user's variable names (default: the locals
-    and globals of the code that entered the block, plus the globals of every frame seen).
+    namespace: dicts in which to look up the user's variable names (default: the globals of
+    the code that entered the block and of every frame seen, and its locals at module level).
+    Inside a function on Python < 3.13, names of locals come from the assignment that made
+    each tensor (`h = x.exp()`), because reading a running function's locals would keep its
+    tensors alive; pass `namespace=locals()` to name the others (modules' parameters too).
     """
 
     def __init__(self, namespace: Optional[Iterable[dict]] = None):
-        if namespace is not None and isinstance(namespace, dict):
+        if isinstance(namespace, dict):
             namespace = [namespace]
-        if namespace is not None and not all(isinstance(ns, dict) for ns in namespace):
+        if namespace is not None and not (isinstance(namespace, (list, tuple))
+                                          and all(isinstance(ns, dict) for ns in namespace)):
             raise TypeError("capture(namespace=...) takes a dict or a list of dicts of variable names, "
-                            "for example capture(namespace=globals())")
+                            "for example capture(namespace=globals()); got %r" % (type(namespace).__name__,))
         self._namespace = None if namespace is None else list(namespace)
         self._recorder = None
         self._outer = None
         self.trace = Trace()
 
     def __enter__(self) -> Trace:
-        from .recorder import Recorder, install_function_hook
+        from .recorder import Recorder, frame_names, install_function_hook
 
         if self._namespace is None:
             frame = sys._getframe(1)
-            self._namespace = [frame.f_locals, frame.f_globals]
+            self._namespace = [frame_names(frame), frame.f_globals]
         self._outer = getattr(_state, "recorder", None)
         if self._outer is not None:
             # Entering a second mode would record everything twice: share the outer recorder.
@@ -72,12 +76,21 @@ class capture:
         except Exception as internal:  # the user's result matters more than our report
             message = "jupyter_autograd could not analyse this block (%s: %s)" % (type(internal).__name__, internal)
             self.trace.warnings.append(message)
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            warn(message)
         finally:
             self._recorder = self._outer = self._namespace = None
         if exc is not None:
             _hide_own_frames(exc)
         return False
+
+
+def warn(message: str) -> None:
+    """A RuntimeWarning that can never replace the user's own exception or result, even when
+    warnings are turned into errors: then it is printed instead."""
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    except Exception:
+        print("Warning: " + message, file=sys.stderr)
 
 
 def _hide_own_frames(exc: BaseException) -> None:

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import ast
 import bisect
+import io
 import linecache
+import tokenize
 from typing import Dict, Iterable, List, Optional
 
 import torch
@@ -82,9 +84,22 @@ def _locations(recorder, trace) -> Dict[tuple, Location]:
         filename = code.co_filename
         if filename not in trace.sources:
             trace.sources[filename] = list(linecache.getlines(filename))
-        text = trace.source_line(filename, line).strip()
+        text = _without_comment(trace.source_line(filename, line)).strip()
         cache[(code, line)] = Location(filename, line, code.co_name, text)
     return cache
+
+
+def _without_comment(line: str) -> str:
+    """The code of a line without its trailing comment (a `#` inside a string stays)."""
+    if "#" not in line:
+        return line
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(line).readline):
+            if tok.type == tokenize.COMMENT:
+                return line[:tok.start[1]].rstrip()
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass  # a line of a multi-line statement: keep it whole
+    return line
 
 
 def _tensors(recorder, trace):
@@ -99,7 +114,7 @@ def _tensors(recorder, trace):
             info.requires_grad = bool(t.requires_grad)
             info.is_leaf = bool(t.is_leaf)
             fn = t.grad_fn
-            info.grad_fn = None if fn is None else fn.name()
+            info.grad_fn = None if fn is None else fn.name().rpartition("::")[2]
             info.node = None if fn is None else graph_snapshot.node_key(fn, recorder)
             info.grad = _grad_summary(t)
             info.version = t._version

@@ -62,7 +62,7 @@ def take(recorder, roots, op_index, kind):
         child_keys = [None if c is None else node_key(c, recorder) for c in children]
         if entry is None:
             variable = recorder._tid(fn.variable) if type(fn).__name__ == "AccumulateGrad" else None
-            entry = nodes[key] = [fn.name(), child_keys, variable, []]
+            entry = nodes[key] = [fn.name().rpartition("::")[2], child_keys, variable, []]
         if backward is not None and backward not in entry[3]:
             entry[3].append(backward)
         for c in children:

@@ -181,8 +181,9 @@ class Recorder(TorchFunctionMode):
         frame = sys._getframe(2)
         while frame is not None and frame.f_code.co_filename.startswith((_TORCH_DIR, _OWN_DIR)):
             frame = frame.f_back
-        if frame is not None:
-            self.note_names(frame.f_locals)
+        names = frame_names(frame)
+        if names is not None:
+            self.note_names(names)
         self.checkpoints.append(graph_snapshot.take(self, roots, len(self.ops), "backward"))
 
     def note_names(self, namespace):
@@ -191,6 +192,22 @@ class Recorder(TorchFunctionMode):
                 t_id = self.tid_of.get(id(value))
                 if t_id is not None:
                     self.names.setdefault(t_id, name)
+
+
+def frame_names(frame):
+    """The frame's variables, where reading them is harmless.
+
+    Before Python 3.13 (PEP 667), reading `f_locals` of a function frame caches a dict on the
+    frame that keeps every local alive after the user deletes it: a leak of their tensors.
+    """
+    if frame is None:
+        return None
+    if sys.version_info >= (3, 13) or not frame.f_code.co_flags & _CO_OPTIMIZED:
+        return frame.f_locals
+    return frame.f_globals
+
+
+_CO_OPTIMIZED = 0x0001
 
 
 def args_first(tensors):
