@@ -68,7 +68,10 @@ class AutogradMagics(Magics):
         tree = shell.transform_ast(tree)
         ast.increment_lineno(tree, 1)
         full = "%%%%autograd %s\n%s" % (line, source) if line else "%%autograd\n" + source
-        filename = shell.compile.cache(full, shell.execution_count, raw_code="%%autograd " + line + "\n" + cell)
+        # run_cell has already counted this cell (execution_count is the next one's): name our
+        # code after the cell the user sees, so tracebacks say "Cell In[N]" with the right N.
+        number = max(1, shell.execution_count - 1)
+        filename = shell.compile.cache(full, number, raw_code="%%autograd " + line + "\n" + cell)
         last_expr = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = tree.body.pop()
