@@ -7,6 +7,7 @@ only have to find *which* recorded write did it and say so in the user's terms.
 from __future__ import annotations
 
 import ast
+import bisect
 import re
 from typing import Dict, List, Optional, Tuple
 
@@ -71,6 +72,7 @@ def _leaf_input(trace: Trace, op: OpRecord) -> Optional[int]:
 
 def _saved_tensor_writes(trace: Trace) -> List[Diagnosis]:
     found: Dict[Tuple, Diagnosis] = {}
+    write_index = _WriteIndex(trace)
     for cp in trace.checkpoints:
         for slot in cp.slots:
             if slot.freed or slot.byte_range is None:
@@ -82,7 +84,8 @@ def _saved_tensor_writes(trace: Trace) -> List[Diagnosis]:
             # PyTorch checks versions per counter, and every view of a tensor shares its base's
             # counter: a write to h[t + 1] makes a saved h[t] stale though their bytes differ.
             root = _root(trace, slot.tid) if slot.stale else None
-            writes = _writes_between(trace, slot.byte_range, -1 if saved_op is None else saved_op, cp.op_index, root)
+            writes = _WriteIndex.between(trace, write_index, slot.byte_range, -1 if saved_op is None else saved_op,
+                                         cp.op_index, root)
             if slot.stale:
                 counted = [w for w in writes if not _is_data_alias(trace, w[1])]
                 culprit = (counted or writes or [None])[0]
@@ -101,18 +104,29 @@ def _saved_tensor_writes(trace: Trace) -> List[Diagnosis]:
     return list(found.values())
 
 
-def _writes_between(trace: Trace, byte_range, after: int, before: int, root: Optional[int] = None
-                    ) -> List[Tuple[OpRecord, int]]:
-    """Writes in ops after..before that overlap the bytes, or (with root) share its version counter."""
-    lo, hi = byte_range
-    hits = []
-    for op in trace.ops[after + 1:before]:
-        for t_id, rng in zip(op.writes, op.write_ranges):
-            if (rng is not None and rng[0] < hi and lo < rng[1]) or (
-                    root is not None and _root(trace, t_id) == root and not _is_data_alias(trace, t_id)):
-                hits.append((op, t_id))
-                break
-    return hits
+class _WriteIndex(list):
+    """The ops that wrote something, in order: slots look up only those (graphs have 100,000
+    saved tensors and ops; writes are few)."""
+
+    def __init__(self, trace: Trace):
+        super().__init__(op for op in trace.ops if op.writes)
+        self.positions = [op.index for op in self]
+
+    @staticmethod
+    def between(trace: Trace, index: "_WriteIndex", byte_range, after: int, before: int,
+                root: Optional[int] = None) -> List[Tuple[OpRecord, int]]:
+        """Writes in ops after..before that overlap the bytes, or (with root) share its version counter."""
+        lo, hi = byte_range
+        hits = []
+        start = bisect.bisect_right(index.positions, after)
+        stop = bisect.bisect_left(index.positions, before)
+        for op in index[start:stop]:
+            for t_id, rng in zip(op.writes, op.write_ranges):
+                if (rng is not None and rng[0] < hi and lo < rng[1]) or (
+                        root is not None and _root(trace, t_id) == root and not _is_data_alias(trace, t_id)):
+                    hits.append((op, t_id))
+                    break
+        return hits
 
 
 def _root(trace: Trace, t_id: Optional[int]) -> Optional[int]:

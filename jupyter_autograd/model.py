@@ -141,6 +141,7 @@ class Trace:
     roots: List[int] = field(default_factory=list)  # node keys of live results and backward roots
     error: Optional[str] = None          # the user's exception, "Type: message", if the block raised
     warnings: List[str] = field(default_factory=list)  # problems of the tool itself
+    notes: List[str] = field(default_factory=list)     # things the tool did that the user may want to know
     sources: Dict[str, List[str]] = field(default_factory=dict)  # filename -> lines, for display
 
     # -- convenience -------------------------------------------------------------------------

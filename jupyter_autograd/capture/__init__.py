@@ -122,5 +122,9 @@ def finish(recorder, namespaces, exc=None) -> Trace:
     trace = build_trace(recorder, namespaces or [], exc)
     if recorder.failure:
         trace.warnings.append("recording stopped early after an internal error: " + recorder.failure)
+    from .graph import STACK_RAISED
+    if STACK_RAISED[0] and len(trace.nodes) > 20_000:
+        trace.notes.append("This graph is deep: to keep PyTorch from crashing when it frees it, the process's "
+                           "stack limit was raised from %d to %d bytes." % STACK_RAISED[0])
     trace.diagnoses = diagnose(trace)
     return trace

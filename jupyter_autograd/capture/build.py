@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ast
-import bisect
 import io
 import linecache
 import tokenize
@@ -158,23 +157,29 @@ def _ops(recorder, trace, locations):
 
 
 def _graph(recorder, trace):
-    seqs = sorted(recorder.seq_to_op)
-
-    def created_by(key):
-        if key < 0:
-            return None
-        op = recorder.seq_to_op.get(key)
-        if op is None:
-            # Nodes made inside one call (F.linear makes TBackward then AddmmBackward) precede the
-            # output's node in sequence: attribute them to the first op whose node comes after.
-            i = bisect.bisect_left(seqs, key)
-            op = recorder.seq_to_op[seqs[i]] if i < len(seqs) else None
-        return op
-
     for key, (name, inputs, variable, consumed) in recorder.graph_nodes.items():
-        trace.nodes[key] = GraphNode(key=key, name=name, created_by=created_by(key),
+        trace.nodes[key] = GraphNode(key=key, name=name, created_by=None if key < 0 else recorder.op_of_seq(key),
                                      inputs=[k for k in inputs if k is not None], variable=variable,
                                      consumed_by=list(consumed))
+    # The node an op made for its result: the live tensor's grad_fn where known, else the
+    # last node of the op's range that is in the graph (F.linear makes TBackward, then Addmm).
+    for op in trace.ops:
+        if op.node is None:
+            continue
+        first, end = op.node
+        result = None
+        for tid in op.outputs + op.writes:
+            info = trace.tensors[tid]
+            if info.node is not None and first <= info.node < end:
+                result = info.node
+        if result is None:
+            result = next((k for k in range(end - 1, first - 1, -1) if k in trace.nodes), None)
+        op.node = result
+    for info in trace.tensors.values():
+        if info.grad_fn is None and info.created_by is not None and info.requires_grad and not info.is_leaf:
+            key = trace.ops[info.created_by].node
+            if key in trace.nodes:
+                info.grad_fn = trace.nodes[key].name
     latest: Dict[tuple, SavedSlot] = {}
     for op_index, kind, roots, raw_slots in recorder.checkpoints:
         cp = Checkpoint(op_index=op_index, kind=kind, roots=list(roots))

@@ -70,8 +70,31 @@ def take(recorder, roots, op_index, kind):
                 stack.append(c)
         for name in saved_names(fn):
             slots.extend(_slots_of(fn, key, name, recorder, _byte_range, by_pointer))
+    if len(held) > _DEEP_GRAPH:
+        _allow_deep_graph_deletion()
     held.clear()
     return (op_index, kind, root_keys, slots)
+
+
+_DEEP_GRAPH = 20_000
+
+
+def _allow_deep_graph_deletion():
+    """Work around a PyTorch 2.13 crash: once Python has wrapped the nodes of a graph (as any walk
+    over next_functions does), freeing it recurses once per node and overflows an 8 MiB stack
+    past ~40,000 nodes. The main thread's stack can grow up to the soft limit, so raise it."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+        want = 1 << 30 if hard == resource.RLIM_INFINITY else min(hard, 1 << 30)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_STACK, (want, hard))
+            STACK_RAISED[0] = (soft, want)
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+STACK_RAISED = [None]  # (old, new) soft stack limit, once raised
 
 
 def _slots_of(fn, key, name, recorder, byte_range, by_pointer):
@@ -148,7 +171,7 @@ class _PointerIndex:
 
 def _match_output(recorder, fn, data):
     """A saved output comes back as a new tensor object: find the recorded tensor it aliases."""
-    op_index = recorder.seq_to_op.get(fn._sequence_nr())
+    op_index = recorder.op_of_seq(fn._sequence_nr())
     ptr, shape = data.data_ptr(), tuple(data.shape)
     candidates = recorder.ops[op_index][6] if op_index is not None else ()
     for t_id in candidates:

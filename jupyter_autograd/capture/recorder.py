@@ -7,6 +7,7 @@ user's code goes on as if the tool were not there.
 """
 from __future__ import annotations
 
+import bisect
 import os
 import sys
 import threading
@@ -24,11 +25,13 @@ _DATA_GETTER = torch.Tensor.data.__get__
 _GETTER_TYPE = type(_DATA_GETTER)
 _BACKWARD_FUNCS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 _is_compiling = torch.compiler.is_compiling
+_next_seq = torch._C._autograd._get_sequence_nr  # the sequence number the next grad_fn node gets
 _grad_enabled = torch.is_grad_enabled
 
 # An op record is a flat tuple (cheap to build, invisible to the cyclic GC's hot lists):
 # (func, code, lineno, input tids, versions before, versions after, output tids,
-#  output node seq or None, written byte ranges or None, grad enabled, error or None)
+#  (first, end) sequence numbers of the grad_fn nodes it made or None, written byte ranges or None,
+#  grad enabled, error or None)
 OP_FUNC, OP_CODE, OP_LINE, OP_IN, OP_VB, OP_VA, OP_OUT, OP_SEQ, OP_WR, OP_GRAD, OP_ERR = range(11)
 
 _state = threading.local()  # .recorder: the Recorder active in this thread, if any
@@ -66,7 +69,7 @@ class Recorder(TorchFunctionMode):
         self.tid_of = {}               # id(tensor) -> tid, for tensors still alive
         self.internal_code = {}        # code object -> True when it belongs to torch or to us
         self.user_globals = {}         # id(dict) -> globals dict of user frames (names, resolved at the end)
-        self.seq_to_op = {}            # grad_fn sequence number -> op index that created it
+        self.node_ranges = []          # (first, end) grad_fn sequence numbers made by an op, and its index
         self.checkpoints = []          # graph snapshots taken before each backward call
         self.names = {}                # tid -> name, from frames seen at backward calls
         self.graph_nodes = {}          # node key -> [name, input keys, leaf tid, backward op indices]
@@ -85,6 +88,7 @@ class Recorder(TorchFunctionMode):
             before = tuple([t._version for t in tensors])
             if func in _BACKWARD_FUNCS:
                 self._checkpoint_before_backward(func, args, kwargs)
+            seq = _next_seq()
         except Exception as exc:  # never let the tool break the user's call
             self._fail(exc)
             return func(*args, **kwargs)
@@ -92,24 +96,28 @@ class Recorder(TorchFunctionMode):
             result = func(*args, **kwargs)
         except BaseException as exc:
             try:
-                self._record(func, tensors, before, None, exc)
+                self._record(func, tensors, before, None, exc, seq)
             except Exception as inner:
                 self._fail(inner)
             raise
         try:
-            self._record(func, tensors, before, result, None)
+            self._record(func, tensors, before, result, None, seq)
         except Exception as exc:
             self._fail(exc)
         return result
 
-    def _record(self, func, tensors, before, result, error):
+    def _record(self, func, tensors, before, result, error, seq_start):
         tid = self._tid
+        seq_end = _next_seq()
         after = tuple([t._version for t in tensors])
         written = None
         if after != before:
             written = tuple((tid(t), _byte_range(t)) for t, b, a in zip(tensors, before, after) if a != b)
         index = len(self.ops)
         outputs, seq = (), None
+        if seq_end != seq_start:  # grad_fn nodes were made during this call: [start, end)
+            seq = (seq_start, seq_end)
+            self.node_ranges.append((seq_start, seq_end, index))
         if result is not None:
             outs = [result] if isinstance(result, _Tensor) else (
                 [r for r in result if isinstance(r, _Tensor)] if isinstance(result, (tuple, list)) else ())
@@ -122,11 +130,6 @@ class Recorder(TorchFunctionMode):
                     if t_id is None:
                         t_id = self._register(out, index, alias_of)
                     out_ids.append(t_id)
-                    if out.requires_grad:
-                        fn = out.grad_fn
-                        if fn is not None:
-                            seq = fn._sequence_nr()
-                            self.seq_to_op.setdefault(seq, index)
                 outputs = tuple(out_ids)
         frame = sys._getframe(2)
         internal = self.internal_code
@@ -158,12 +161,20 @@ class Recorder(TorchFunctionMode):
                 del tid_of[key]
 
         base = t._base
-        fn = t.grad_fn
+        # No t.grad_fn here: a Python wrapper on every node makes PyTorch 2.13 free deep graphs
+        # recursively (a segfault past ~40,000 nodes). Names of nodes are read once, at the end.
         self.tensor_meta.append((weakref.ref(t, forget), tuple(t.shape), t.dtype, t.device, t.requires_grad,
-                                 t.is_leaf, None if fn is None else fn.name(), created_by,
-                                 None if base is None else self._tid(base), alias_of))
+                                 t.is_leaf, None, created_by, None if base is None else self._tid(base), alias_of))
         tid_of[key] = t_id
         return t_id
+
+    def op_of_seq(self, seq):
+        """The op during which the grad_fn node with this sequence number was made, or None."""
+        ranges = self.node_ranges
+        i = bisect.bisect_right(ranges, (seq, float("inf"))) - 1
+        if i >= 0 and ranges[i][0] <= seq < ranges[i][1]:
+            return ranges[i][2]
+        return None
 
     def _fail(self, exc):
         self.failure = self.off = "%s: %s" % (type(exc).__name__, exc)
