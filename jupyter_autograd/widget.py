@@ -121,6 +121,7 @@ class AutogradWidget(anywidget.AnyWidget):
             nodes.append("fn%d" % d.node_key)
         if d.op_index is not None:
             nodes.append(layout.write_id(d.op_index))
+        nodes = list(dict.fromkeys(nodes))
         self.highlight_nodes = [n for n in nodes if self._view is not None and n in self._view.nodes] or nodes
         self.highlight_lines = [n for n in (d.line, d.saved_line) if n]
         if nodes:
@@ -139,7 +140,7 @@ class AutogradWidget(anywidget.AnyWidget):
         nodes = ["t%d" % tid for tid in op.writes + op.outputs]
         if op.node is not None:
             nodes.append("fn%d" % op.node)
-        self.step_nodes = nodes
+        self.step_nodes = list(dict.fromkeys(nodes))
 
     # -- what the panels show (plain dicts: the front end renders them as text) ------------------
     def details_for(self, node: str) -> Dict:

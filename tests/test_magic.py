@@ -150,3 +150,16 @@ def test_our_warning_never_replaces_the_users_exception(shell, monkeypatch):
         result, cap = run(shell, "%%autograd --text\nraise KeyError('mine')")
     assert isinstance(result.error_in_exec, KeyError)
     assert "could not display" in cap.stdout
+
+
+def test_default_display_is_the_widget_with_static_fallbacks(shell):
+    result, cap = run(shell, "%%autograd\n" + BROKEN)
+    assert isinstance(result.error_in_exec, RuntimeError)
+    (output,) = cap.outputs
+    assert {"application/vnd.jupyter.widget-view+json", "image/png", "text/plain"} <= set(output.data)
+    assert "y = y + 1" in output.data["text/plain"]
+
+
+def test_quiet_shows_nothing_when_all_is_well(shell):
+    result, cap = run(shell, "%%autograd -q\nimport torch\nk = torch.ones(2, requires_grad=True)\n(k * 2).sum().backward()")
+    assert result.success and cap.outputs == []

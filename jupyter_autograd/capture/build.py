@@ -244,35 +244,77 @@ def _names(recorder, trace, namespaces):
 
 
 def _assignment_targets(trace) -> Dict[int, str]:
-    """`d = torch.matmul(x, w1)` names the result of the last op that ran on that line."""
+    """Names read off the source: `d = torch.matmul(x, w1)` names the result of the last op that
+    ran on that line; when it is the only op of the line, its operands name its inputs too."""
     names: Dict[int, str] = {}
-    parsed: Dict[str, Optional[str]] = {}
+    parsed: Dict[str, tuple] = {}
     ops = trace.ops
     for i, op in enumerate(ops):
-        if not op.outputs or op.location is None or op.is_backward:
+        if op.location is None:
             continue
         nxt = ops[i + 1] if i + 1 < len(ops) else None
+        prev = ops[i - 1] if i > 0 else None
         if nxt is not None and nxt.location == op.location:
             continue
         text = op.location.source
         if text not in parsed:
-            parsed[text] = _simple_target(text)
-        target = parsed[text]
-        if target:
+            parsed[text] = _read_statement(text)
+        target, operands = parsed[text]
+        if target and op.outputs and not op.is_backward:
             names.setdefault(op.outputs[0], target)
+        alone = prev is None or prev.location != op.location
+        if alone and operands is not None and len(operands) == len(op.inputs):
+            for tid, name in zip(op.inputs, operands):
+                if name:
+                    names.setdefault(tid, name)
     return names
 
 
-def _simple_target(text: str) -> Optional[str]:
+def _read_statement(text: str):
+    """(assigned name or None, operand names of its one operation or None)."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
-        return None
+        return None, None
     if len(tree.body) != 1:
-        return None
+        return None, None
     stmt = tree.body[0]
-    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-        return stmt.targets[0].id
-    if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) and isinstance(stmt.target, ast.Name):
-        return stmt.target.id
+    target, value = None, None
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+        target = stmt.targets[0].id if isinstance(stmt.targets[0], ast.Name) else None
+        value = stmt.value
+        if isinstance(stmt.targets[0], ast.Subscript):  # t[i] = v: Tensor.__setitem__(t, i, v)
+            return None, _operands([stmt.targets[0].value, stmt.value])
+    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) and isinstance(stmt.target, ast.Name):
+        target = stmt.target.id
+        value = stmt.value
+        if isinstance(stmt, ast.AugAssign):
+            return target, _operands([stmt.target, stmt.value])
+    elif isinstance(stmt, ast.Expr):
+        value = stmt.value
+    return target, _operands_of(value)
+
+
+def _operands_of(node):
+    if isinstance(node, ast.BinOp):
+        return _operands([node.left, node.right])
+    if isinstance(node, ast.UnaryOp):
+        return _operands([node.operand])
+    if isinstance(node, ast.Call) and not node.keywords:
+        receiver = [node.func.value] if isinstance(node.func, ast.Attribute) and isinstance(
+            node.func.value, ast.Name) and node.func.value.id not in ("torch", "F", "nn", "np") else []
+        return _operands(receiver + list(node.args))
     return None
+
+
+def _operands(nodes):
+    """Names of the tensor-like operands; None when one is an expression we cannot place."""
+    out = []
+    for n in nodes:
+        if isinstance(n, ast.Name):
+            out.append(n.id)
+        elif isinstance(n, ast.Constant):
+            continue  # a Python number: not among the op's tensor inputs
+        else:
+            return None
+    return out
