@@ -101,7 +101,30 @@ def _saved_tensor_writes(trace: Trace) -> List[Diagnosis]:
             if key in found and (found[key].node_key or 0) >= slot.node:
                 continue
             found[key] = _saved_diagnosis(trace, kind, cp, slot, node, saved_op, culprit, affected)
-    return list(found.values())
+    return _merge_same_write(list(found.values()))
+
+
+def _merge_same_write(diagnoses: List[Diagnosis]) -> List[Diagnosis]:
+    """One line that breaks many saved tensors (optimizer.step() on a whole model, a write in a
+    loop) is one problem: name the tensor backward meets first and list the others."""
+    by_write: Dict[Tuple, List[Diagnosis]] = {}
+    for d in diagnoses:
+        # Per line, not per op: optimizer.step() writes each parameter with an op of its own.
+        key = (d.kind, d.filename, d.line) if d.line is not None else (d.kind, id(d))
+        by_write.setdefault(key, []).append(d)
+    merged = []
+    for group in by_write.values():
+        group.sort(key=lambda d: -(d.node_key or 0))
+        first = group[0]
+        others = [d.tensor or "?" for d in group[1:]]
+        if others:
+            shown = ", ".join("`%s`" % o for o in others[:6]) + (", ..." if len(others) > 6 else "")
+            first.message += " The same write also changed %d more saved tensor%s: %s." % (
+                len(others), "" if len(others) == 1 else "s", shown)
+            first.also = tuple(others)
+            first.tids = tuple(dict.fromkeys(first.tids + tuple(t for d in group[1:] for t in d.tids)))
+        merged.append(first)
+    return merged
 
 
 class _WriteIndex(list):

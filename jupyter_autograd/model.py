@@ -120,6 +120,7 @@ class Diagnosis:
     node_key: Optional[int] = None
     tids: Tuple[int, ...] = ()
     predicted: bool = False              # made from the graph before any backward ran into it
+    also: Tuple[str, ...] = ()           # other tensors the same write broke
 
     @property
     def title(self) -> str:
