@@ -140,10 +140,25 @@ class Trace:
     checkpoints: List[Checkpoint] = field(default_factory=list)
     diagnoses: List[Diagnosis] = field(default_factory=list)
     roots: List[int] = field(default_factory=list)  # node keys of live results and backward roots
-    error: Optional[str] = None          # the user's exception, "Type: message", if the block raised
+    # A factory, not `= None`: a plain default would live on the class and hide the lazy build.
+    error: Optional[str] = field(default_factory=lambda: None)  # the user's exception, if any
     warnings: List[str] = field(default_factory=list)  # problems of the tool itself
     notes: List[str] = field(default_factory=list)     # things the tool did that the user may want to know
     sources: Dict[str, List[str]] = field(default_factory=dict)  # filename -> lines, for display
+
+    # -- built on first use -------------------------------------------------------------------
+    def _defer(self, build) -> None:
+        """Drop the fields; `build()` makes them when one is first read (see capture.finish)."""
+        self.__dict__.clear()
+        self.__dict__["_pending"] = build
+
+    def __getattr__(self, name):
+        pending = self.__dict__.get("_pending")
+        if pending is None or name.startswith("__"):
+            raise AttributeError(name)
+        del self.__dict__["_pending"]
+        self.__dict__.update(pending().__dict__)
+        return getattr(self, name)
 
     # -- convenience -------------------------------------------------------------------------
     @property

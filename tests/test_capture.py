@@ -185,10 +185,19 @@ def test_analysis_failure_degrades_to_a_warning(monkeypatch):
     import jupyter_autograd.diagnose as diagnose_module
 
     monkeypatch.setattr(diagnose_module, "diagnose", lambda trace: 1 / 0)
-    with pytest.warns(RuntimeWarning, match="could not analyse"):
-        with ja.capture() as trace:
-            y = torch.ones(2) * 2
-    assert trace.warnings and torch.equal(y, torch.full((2,), 2.0))
+    with ja.capture() as trace:
+        y = torch.ones(2) * 2
+    assert torch.equal(y, torch.full((2,), 2.0))
+    with pytest.warns(RuntimeWarning, match="could not analyse"):  # the analysis runs on first read
+        assert trace.warnings and trace.ops == []
+
+
+def test_trace_is_built_on_first_read():
+    with ja.capture() as trace:
+        torch.ones(2) * 2
+    assert "_pending" in trace.__dict__ and "ops" not in trace.__dict__
+    assert [op.name for op in trace.ops] == ["torch.ones", "Tensor.mul"]
+    assert "_pending" not in trace.__dict__
 
 
 def test_other_threads_are_not_recorded():

@@ -70,7 +70,7 @@ class capture:
                 recorder.__exit__(None, None, None)
             previous_off, recorder.off = recorder.off, "building the trace"
             try:
-                self.trace.__dict__.update(finish(recorder, self._namespace, exc).__dict__)
+                self.trace._defer(finish(recorder, self._namespace, exc))
             finally:
                 recorder.off = previous_off
         except Exception as internal:  # the user's result matters more than our report
@@ -110,21 +110,36 @@ def _hide_own_frames(exc: BaseException) -> None:
         tb = tb.tb_next
 
 
-def finish(recorder, namespaces, exc=None) -> Trace:
+def finish(recorder, namespaces, exc=None):
+    """Take, now, what needs the user's live objects; return a function that builds the Trace.
+
+    The build (records to plain data, the graph model, the diagnoses) runs when the trace is
+    first read: a training loop under capture() pays for it only if it looks."""
     from ..diagnose import diagnose
-    from .build import build_trace, end_checkpoint
+    from .build import build_trace, end_checkpoint, freeze
+    from .graph import STACK_RAISED
 
     try:
         end_checkpoint(recorder)
     except Exception as internal:
         recorder.failure = recorder.failure or "inspecting the graph at the end: %s: %s" % (
             type(internal).__name__, internal)
-    trace = build_trace(recorder, namespaces or [], exc)
-    if recorder.failure:
-        trace.warnings.append("recording stopped early after an internal error: " + recorder.failure)
-    from .graph import STACK_RAISED
-    if STACK_RAISED[0] and len(trace.nodes) > 20_000:
-        trace.notes.append("This graph is deep: to keep PyTorch from crashing when it frees it, the process's "
-                           "stack limit was raised from %d to %d bytes." % STACK_RAISED[0])
-    trace.diagnoses = diagnose(trace)
-    return trace
+    live, names = freeze(recorder, namespaces or [])
+    error = None if exc is None else "%s: %s" % (type(exc).__name__, exc)
+
+    def build() -> Trace:
+        try:
+            trace = build_trace(recorder, live, names, error)
+            if recorder.failure:
+                trace.warnings.append("recording stopped early after an internal error: " + recorder.failure)
+            if STACK_RAISED[0] and len(trace.nodes) > 20_000:
+                trace.notes.append("This graph is deep: to keep PyTorch from crashing when it frees it, the "
+                                   "process's stack limit was raised from %d to %d bytes." % STACK_RAISED[0])
+            trace.diagnoses = diagnose(trace)
+        except Exception as internal:
+            message = "jupyter_autograd could not analyse this block (%s: %s)" % (type(internal).__name__, internal)
+            trace = Trace(error=error, warnings=[message])
+            warn(message)
+        return trace
+
+    return build

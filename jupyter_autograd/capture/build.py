@@ -62,15 +62,31 @@ def end_checkpoint(recorder):
     return snap
 
 
-def build_trace(recorder, namespaces: Iterable[dict], error: Optional[BaseException] = None) -> Trace:
+def freeze(recorder, namespaces: Iterable[dict]):
+    """What needs the user's live objects, taken when the block ends: the final state of each
+    live tensor and the names it goes by. Everything else is built later, from plain records."""
+    live = {}
+    for t_id, ref in enumerate(recorder.refs):
+        t = ref()
+        if t is not None:
+            fn = t.grad_fn
+            # The grad is summarised when the trace is built, read through the weak reference.
+            live[t_id] = (bool(t.requires_grad), bool(t.is_leaf),
+                          None if fn is None else fn.name().rpartition("::")[2],
+                          None if fn is None else graph_snapshot.node_key(fn, recorder), ref, t._version)
+    names = _namespace_names(recorder, namespaces)
+    recorder.user_globals = {}  # never hold the user's namespaces past the block
+    return live, names
+
+
+def build_trace(recorder, live, names, error: Optional[str] = None) -> Trace:
     trace = Trace()
-    if error is not None:
-        trace.error = "%s: %s" % (type(error).__name__, error)
+    trace.error = error
     locations = _locations(recorder, trace)
-    _tensors(recorder, trace)
+    _tensors(recorder, trace, live)
     _ops(recorder, trace, locations)
     _graph(recorder, trace)
-    _names(recorder, trace, namespaces)
+    _names(trace, names)
     return trace
 
 
@@ -101,22 +117,17 @@ def _without_comment(line: str) -> str:
     return line
 
 
-def _tensors(recorder, trace):
+def _tensors(recorder, trace, live):
     for t_id, meta in enumerate(recorder.tensor_meta):
-        ref, shape, dtype, device, requires_grad, is_leaf, fn_name, created_by, base, alias_of = meta
+        _ref, shape, dtype, device, requires_grad, is_leaf, fn_name, created_by, base, alias_of = meta
         info = TensorInfo(tid=t_id, shape=tuple(shape), dtype=str(dtype).replace("torch.", ""),
                           device=str(device), requires_grad=bool(requires_grad), is_leaf=bool(is_leaf),
                           grad_fn=fn_name, created_by=created_by, base=base, data_alias_of=alias_of)
-        t = ref()
-        if t is not None:
+        if t_id in live:
             info.alive = True
-            info.requires_grad = bool(t.requires_grad)
-            info.is_leaf = bool(t.is_leaf)
-            fn = t.grad_fn
-            info.grad_fn = None if fn is None else fn.name().rpartition("::")[2]
-            info.node = None if fn is None else graph_snapshot.node_key(fn, recorder)
-            info.grad = _grad_summary(t)
-            info.version = t._version
+            info.requires_grad, info.is_leaf, info.grad_fn, info.node, ref, info.version = live[t_id]
+            t = ref()
+            info.grad = _grad_summary(t) if t is not None else None
         trace.tensors[t_id] = info
 
 
@@ -157,7 +168,7 @@ def _ops(recorder, trace, locations):
 
 
 def _graph(recorder, trace):
-    for key, (name, inputs, variable, consumed) in recorder.graph_nodes.items():
+    for key, (name, inputs, variable, consumed, _seen) in recorder.graph_nodes.items():
         trace.nodes[key] = GraphNode(key=key, name=name, created_by=None if key < 0 else recorder.op_of_seq(key),
                                      inputs=[k for k in inputs if k is not None], variable=variable,
                                      consumed_by=list(consumed))
@@ -185,6 +196,8 @@ def _graph(recorder, trace):
         cp = Checkpoint(op_index=op_index, kind=kind, roots=list(roots))
         for raw in raw_slots:
             slot = SavedSlot(*raw)
+            slot.shape = tuple(slot.shape)
+            slot.dtype = str(slot.dtype).replace("torch.", "")
             cp.slots.append(slot)
             prev = latest.get((slot.node, slot.slot))
             if prev is None or not prev.stale or slot.stale:
@@ -199,8 +212,8 @@ def _graph(recorder, trace):
             trace.nodes[key].saved.append(slot)
 
 
-def _names(recorder, trace, namespaces):
-    tid_of = recorder.tid_of
+def _namespace_names(recorder, namespaces) -> Dict[int, str]:
+    known = recorder.known
     found: Dict[int, str] = {}
     spaces: List[dict] = [ns for ns in namespaces if isinstance(ns, dict)]
     spaces += list(recorder.user_globals.values())
@@ -210,13 +223,13 @@ def _names(recorder, trace, namespaces):
             if name.startswith("_") or name in ("In", "Out"):
                 continue
             if isinstance(value, torch.Tensor):
-                t_id = tid_of.get(id(value))
+                t_id = known(value)
                 if t_id is not None:
                     found.setdefault(t_id, name)
             elif isinstance(value, torch.nn.Module):
                 try:
                     for pname, p in list(value.named_parameters()) + list(value.named_buffers()):
-                        t_id = tid_of.get(id(p))
+                        t_id = known(p)
                         if t_id is not None:
                             params.setdefault(t_id, "%s.%s" % (name, pname))
                 except Exception:
@@ -225,6 +238,11 @@ def _names(recorder, trace, namespaces):
         found.setdefault(t_id, name)
     for t_id, name in recorder.names.items():
         found.setdefault(t_id, name)
+    return found
+
+
+def _names(trace, found: Dict[int, str]):
+    found = dict(found)
     for t_id, name in _assignment_targets(trace).items():
         found.setdefault(t_id, name)
     for t_id, info in trace.tensors.items():

@@ -36,7 +36,7 @@ def take(recorder, roots, op_index, kind):
     """Walk the graph from root tensors (or nodes); return (op_index, kind, root keys, slots).
 
     Node structure is merged into recorder.graph_nodes: key -> [name, input keys, leaf tid,
-    set of backward op indices that ran it]. Slots are tuples:
+    backward op indices that ran it, op index of the last checkpoint that saw it]. Slots are tuples:
     (node key, slot, tid, shape, dtype, saved_version, current_version, stale, freed, byte range, is_output).
     """
     from .recorder import _byte_range
@@ -51,6 +51,7 @@ def take(recorder, roots, op_index, kind):
     slots = []
     by_pointer = _PointerIndex(recorder)
     backward = op_index if kind == "backward" else None
+    last_write = recorder.last_write
     while stack:
         fn = stack.pop()
         if id(fn) in held:
@@ -58,18 +59,27 @@ def take(recorder, roots, op_index, kind):
         held[id(fn)] = fn
         key = node_key(fn, recorder)
         entry = nodes.get(key)
+        if entry is not None and backward is None and entry[4] > last_write:
+            continue  # walked before, and nothing was written since: the same subgraph, the same slots
         children = [c for c, _ in fn.next_functions]
-        child_keys = [None if c is None else node_key(c, recorder) for c in children]
         if entry is None:
             variable = recorder._tid(fn.variable) if type(fn).__name__ == "AccumulateGrad" else None
-            entry = nodes[key] = [fn.name().rpartition("::")[2], child_keys, variable, []]
+            child_keys = [None if c is None else node_key(c, recorder) for c in children]
+            entry = nodes[key] = [fn.name().rpartition("::")[2], child_keys, variable, [], op_index]
+        else:
+            entry[4] = op_index
         if backward is not None and backward not in entry[3]:
             entry[3].append(backward)
         for c in children:
             if c is not None and id(c) not in held:
                 stack.append(c)
-        for name in saved_names(fn):
-            slots.extend(_slots_of(fn, key, name, recorder, _byte_range, by_pointer))
+        names = saved_names(fn)
+        if names:
+            made_by = None if key < 0 else recorder.op_of_seq(key)
+            # Only a write after the node was made can have changed what it saved.
+            check = made_by is None or last_write > made_by
+            for name in names:
+                slots.extend(_slots_of(fn, key, name, recorder, _byte_range, by_pointer, check))
     if len(held) > _DEEP_GRAPH:
         _allow_deep_graph_deletion()
     held.clear()
@@ -97,7 +107,7 @@ def _allow_deep_graph_deletion():
 STACK_RAISED = [None]  # (old, new) soft stack limit, once raised
 
 
-def _slots_of(fn, key, name, recorder, byte_range, by_pointer):
+def _slots_of(fn, key, name, recorder, byte_range, by_pointer, check=True):
     try:
         raw = getattr(fn, "_raw_saved_" + name)
     except RuntimeError:  # lists of saved tensors raise once an earlier backward freed them
@@ -106,7 +116,7 @@ def _slots_of(fn, key, name, recorder, byte_range, by_pointer):
         items = [("%s[%d]" % (name, i), r) for i, r in enumerate(raw)]
     else:
         items = [(name, raw)]
-    check = "_saved_" + name if hasattr(type(fn), "_saved_" + name) else "saved_" + name
+    check_attr = "_saved_" + name if hasattr(type(fn), "_saved_" + name) else "saved_" + name
     stale, versions = None, None
     out = []
     for slot, saved in items:
@@ -115,19 +125,22 @@ def _slots_of(fn, key, name, recorder, byte_range, by_pointer):
             out.append((key, slot, None, (), "", None, None, False, True, None, False))
             continue
         if stale is None:
-            stale, versions = _check(fn, check)
-        t_id = recorder.tid_of.get(id(data))
+            stale, versions = _check(fn, check_attr) if check else (False, None)
+        t_id = recorder.known(data)
         is_output = t_id is None
         if is_output:
             # Saved outputs and views made inside a call (weight.t() in F.linear) come back as
             # new tensor objects: find the recorded tensor they alias.
-            t_id = _match_output(recorder, fn, data)
+            base = data._base
+            t_id = recorder.known(base) if base is not None else None
+            if t_id is None:
+                t_id = _match_output(recorder, fn, data)
             if t_id is None:
                 t_id = by_pointer(data)
         current = data._version
         saved_version = versions[1] if stale and versions else current
-        out.append((key, slot, t_id, tuple(data.shape), str(data.dtype).replace("torch.", ""),
-                    saved_version, current, bool(stale), False, byte_range(data), is_output))
+        out.append((key, slot, t_id, data.shape, data.dtype, saved_version, current, bool(stale), False,
+                    byte_range(data) if check else None, is_output))
     return out
 
 
@@ -144,29 +157,40 @@ def _check(fn, attr):
 
 
 class _PointerIndex:
-    """Live recorded tensors by data pointer, built on first use (once per snapshot)."""
+    """Recorded tensors by data pointer. Kept on the recorder and extended with the tensors
+    registered since the last use, so a long loop under one capture stays linear; entries of
+    dead tensors are dropped when met."""
 
     def __init__(self, recorder):
-        self.recorder, self.index = recorder, None
+        self.recorder = recorder
+        if not hasattr(recorder, "pointer_index"):
+            recorder.pointer_index, recorder.pointer_indexed = {}, 0
 
     def __call__(self, data):
-        if self.index is None:
-            self.index = {}
-            for t_id, meta in enumerate(self.recorder.tensor_meta):
-                t = meta[0]()
-                if t is not None:
-                    try:
-                        self.index.setdefault(t.data_ptr(), []).append(t_id)
-                    except Exception:
-                        continue
+        rec = self.recorder
+        index = rec.pointer_index
+        for t_id in range(rec.pointer_indexed, len(rec.refs)):
+            t = rec.refs[t_id]()
+            if t is not None:
+                try:
+                    index.setdefault(t.data_ptr(), []).append(t_id)
+                except Exception:
+                    continue
+        rec.pointer_indexed = len(rec.refs)
         try:
-            candidates = self.index.get(data.data_ptr(), ())
+            ptr = data.data_ptr()
         except Exception:
             return None
-        metas = self.recorder.tensor_meta
+        candidates = []
+        for t_id in index.get(ptr, ()):
+            t = rec.refs[t_id]()
+            if t is not None and t.data_ptr() == ptr:
+                candidates.append(t_id)
+        index[ptr] = candidates
+        metas = rec.tensor_meta
         # The original tensor rather than a `.data` alias or a view of it.
         plain = [t for t in candidates if metas[t][9] is None and metas[t][8] is None]
-        return (plain or list(candidates) or [None])[0]
+        return (plain or candidates or [None])[0]
 
 
 def _match_output(recorder, fn, data):

@@ -66,7 +66,9 @@ class Recorder(TorchFunctionMode):
         super().__init__()
         self.ops = []
         self.tensor_meta = []          # per tid: (weakref, shape, dtype, device, requires_grad, is_leaf, grad_fn name, created_by, base tid, data alias of)
-        self.tid_of = {}               # id(tensor) -> tid, for tensors still alive
+        self.tid_of = {}               # id(tensor) -> tid (check refs: ids are reused)
+        self.refs = []                 # per tid: a weak reference to the tensor
+        self.last_write = -1           # index of the last op that wrote a tensor
         self.internal_code = {}        # code object -> True when it belongs to torch or to us
         self.user_globals = {}         # id(dict) -> globals dict of user frames (names, resolved at the end)
         self.node_ranges = []          # (first, end) grad_fn sequence numbers made by an op, and its index
@@ -111,9 +113,10 @@ class Recorder(TorchFunctionMode):
         seq_end = _next_seq()
         after = tuple([t._version for t in tensors])
         written = None
+        index = len(self.ops)
         if after != before:
             written = tuple((tid(t), _byte_range(t)) for t, b, a in zip(tensors, before, after) if a != b)
-        index = len(self.ops)
+            self.last_write = index
         outputs, seq = (), None
         if seq_end != seq_start:  # grad_fn nodes were made during this call: [start, end)
             seq = (seq_start, seq_end)
@@ -125,8 +128,7 @@ class Recorder(TorchFunctionMode):
                 alias_of = tid(args_first(tensors)) if func == _DATA_GETTER else None
                 out_ids = []
                 for out in outs:
-                    key = id(out)
-                    t_id = self.tid_of.get(key)
+                    t_id = self.known(out)
                     if t_id is None:
                         t_id = self._register(out, index, alias_of)
                     out_ids.append(t_id)
@@ -147,25 +149,28 @@ class Recorder(TorchFunctionMode):
         self.ops.append((func, code, line, tuple([tid(t) for t in tensors]), before, after, outputs, seq,
                          written, _grad_enabled(), None if error is None else (type(error).__name__, str(error))))
 
-    def _tid(self, t):
+    def known(self, t):
+        """The tid of a tensor seen before, or None. An id can be reused once its tensor is gone:
+        the weak reference tells the same tensor from a new one at the same address."""
         t_id = self.tid_of.get(id(t))
+        if t_id is not None and self.refs[t_id]() is t:
+            return t_id
+        return None
+
+    def _tid(self, t):
+        t_id = self.known(t)
         return self._register(t, None, None) if t_id is None else t_id
 
     def _register(self, t, created_by, alias_of):
         t_id = len(self.tensor_meta)
-        key = id(t)
-        tid_of = self.tid_of
-
-        def forget(_ref, key=key, t_id=t_id):
-            if tid_of.get(key) == t_id:
-                del tid_of[key]
-
         base = t._base
         # No t.grad_fn here: a Python wrapper on every node makes PyTorch 2.13 free deep graphs
         # recursively (a segfault past ~40,000 nodes). Names of nodes are read once, at the end.
-        self.tensor_meta.append((weakref.ref(t, forget), tuple(t.shape), t.dtype, t.device, t.requires_grad,
-                                 t.is_leaf, None, created_by, None if base is None else self._tid(base), alias_of))
-        tid_of[key] = t_id
+        ref = weakref.ref(t)
+        self.refs.append(ref)
+        self.tensor_meta.append((ref, t.shape, t.dtype, t.device, t.requires_grad, t.is_leaf, None, created_by,
+                                 None if base is None else self._tid(base), alias_of))
+        self.tid_of[id(t)] = t_id
         return t_id
 
     def op_of_seq(self, seq):
@@ -200,7 +205,7 @@ class Recorder(TorchFunctionMode):
     def note_names(self, namespace):
         for name, value in list(namespace.items()):
             if isinstance(value, _Tensor) and not name.startswith("_"):
-                t_id = self.tid_of.get(id(value))
+                t_id = self.known(value)
                 if t_id is not None:
                     self.names.setdefault(t_id, name)
 
@@ -248,9 +253,11 @@ def _tensors_in(args, kwargs):
 def _byte_range(t):
     """The bytes of memory a tensor spans (start, end): overlap finds writes through any alias."""
     try:
+        start = t.data_ptr()
+        if t.is_contiguous():
+            return (start, start + t.nbytes) if t.nbytes else None
         if t.numel() == 0:
             return None
-        start = t.data_ptr()
         extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
         return (start, start + extent * t.element_size())
     except Exception:  # sparse, meta or other layouts without plain memory

@@ -1,0 +1,304 @@
+"""Benchmark: capture overhead, graph scale and memory, side by side with the alternatives.
+
+    python benchmarks/run.py            # the full table (a few minutes on 2 cores)
+    python benchmarks/run.py --quick    # a small version that CI runs so this cannot rot
+
+Every ratio is measured in this one process, with runs interleaved (plain, capture, anomaly,
+plain, ...) and medians taken, on one CPU thread. Goals (issue #5) are printed next to the
+numbers; they are goals for this script, never timed assertions in the tests.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import weakref
+
+import torch
+from torch import nn
+
+import jupyter_autograd as ja
+
+
+# -- workloads: each returns a function doing one training step ------------------------------------
+
+def mlp_step():
+    torch.manual_seed(0)
+    layers = []
+    for i in range(6):
+        layers += [nn.Linear(512, 512), nn.ReLU()]
+    model = nn.Sequential(*layers[:-1])
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 512), torch.randn(64, 512)
+
+    def step():
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def cnn_step():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(32 * 8 * 8, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+
+    def step():
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def transformer_step():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=512, batch_first=True, dropout=0.0)
+    model = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    x = torch.randn(8, 64, 256)
+
+    def step():
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def recurrent_step(steps=2000):
+    torch.manual_seed(0)
+    w = torch.randn(16, requires_grad=True)
+    xs = torch.randn(steps, 16)
+
+    def step():
+        h = torch.zeros(16)
+        for t in range(steps):
+            h = torch.tanh(h * w + xs[t])
+        loss = h.sum()
+        loss.backward()
+        w.grad = None
+        return loss
+    return step
+
+
+WORKLOADS = {"MLP 6x512, batch 64": mlp_step, "CNN 8x3x32x32": cnn_step,
+             "Transformer 2 layers d=256": transformer_step, "Recurrent chain 2000 steps": recurrent_step}
+
+
+# -- measurements -------------------------------------------------------------------------------------
+
+def time_modes(step, reps):
+    """Median seconds per step for each mode, runs interleaved so drift hits all modes alike."""
+    def plain():
+        step()
+
+    def captured():
+        with ja.capture():
+            step()
+
+    def diagnosed():
+        with ja.capture() as trace:
+            step()
+        trace.diagnoses  # noqa: B018 (the analysis runs when the trace is first read)
+
+    def anomaly():
+        with torch.autograd.detect_anomaly(check_nan=False):
+            step()
+
+    modes = {"plain": plain, "capture": captured, "diagnosed": diagnosed, "anomaly": anomaly}
+    for fn in modes.values():  # warm up
+        fn()
+    samples = {k: [] for k in modes}
+    order = list(modes)
+    for rep in range(reps):
+        for name in order[rep % len(order):] + order[:rep % len(order)]:
+            gc.collect()
+            start = time.perf_counter()
+            modes[name]()
+            samples[name].append(time.perf_counter() - start)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def torchviz_time(step_factory):
+    try:
+        from torchviz import make_dot
+    except ImportError:
+        return None, "torchviz not installed"
+    step = step_factory()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loss = _forward_only(step)
+        start = time.perf_counter()
+        try:
+            dot = make_dot(loss)
+            dot.source  # noqa: B018 (force the traversal and the text)
+        except RecursionError:
+            return None, "RecursionError"
+        return time.perf_counter() - start, ""
+
+
+def _forward_only(step):
+    """The loss of one step with its graph still alive (backward is what we want to draw)."""
+    holder = {}
+    real_backward = torch.Tensor.backward
+
+    def keep(self, *args, **kwargs):
+        holder["loss"] = self
+        raise _Stop
+
+    torch.Tensor.backward = keep
+    try:
+        step()
+    except _Stop:
+        pass
+    finally:
+        torch.Tensor.backward = real_backward
+    return holder["loss"]
+
+
+class _Stop(Exception):
+    pass
+
+
+def graph_scale(n_nodes):
+    from jupyter_autograd.widget import AutogradWidget
+    x = torch.randn(8, requires_grad=True)
+    start = time.perf_counter()
+    with ja.capture() as trace:
+        h = x
+        for _ in range(n_nodes // 2):
+            h = torch.tanh(h * 1.01)
+    captured = time.perf_counter() - start
+    widget = AutogradWidget(trace)
+    opened = time.perf_counter() - start
+    click = time.perf_counter()
+    widget.selected = "fn%d" % next(iter(trace.nodes))
+    click = time.perf_counter() - click
+    result = {"nodes": len(trace.nodes), "capture_diagnose_s": captured, "open_widget_s": opened,
+              "render_ms": widget.render_ms, "click_ms": click * 1000, "grouped": widget.grouped}
+    del h, trace, widget
+    return result
+
+
+def retained_tensors():
+    """Tensors of the block that are still alive after the user dropped them."""
+    refs = []
+    step = transformer_step()
+    with ja.capture() as trace:
+        loss = step()
+        extra = loss.detach().clone()
+        refs += [weakref.ref(loss), weakref.ref(extra)]
+    del loss, extra, step
+    gc.collect()
+    return sum(r() is not None for r in refs)
+
+
+def peak_rss_mb(mode, steps):
+    code = ("import sys, resource, torch; sys.path.insert(0, %r); torch.set_num_threads(1)\n"
+            "import run as b, jupyter_autograd as ja\n"
+            "step = b.transformer_step()\n"
+            "for _ in range(%d):\n"
+            "    if %r == 'capture':\n"
+            "        with ja.capture():\n            step()\n"
+            "    else:\n        step()\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
+            % (os.path.dirname(os.path.abspath(__file__)), steps, mode))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def cuda_sync_check():
+    if not torch.cuda.is_available():
+        return "no CUDA device on this machine"
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)).cuda()
+    x = torch.randn(64, 256, device="cuda")
+    model(x).sum().backward()  # warm up outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with ja.capture() as trace:
+            loss = model(x).sum()
+            loss.backward()
+        torch.cuda.set_sync_debug_mode(0)
+        return "no synchronisation (%d ops recorded)" % len(trace.ops)
+    except RuntimeError as exc:
+        torch.cuda.set_sync_debug_mode(0)
+        return "SYNCHRONISED: %s" % exc
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes and few repetitions (CI)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    import warnings
+    warnings.filterwarnings("ignore", message="Anomaly Detection has been enabled")
+    reps = 5 if args.quick else 21
+    scales = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000)
+    results = {"date": time.strftime("%Y-%m-%d"), "machine": "%s, %d CPUs, torch %s, Python %s" % (
+        platform.processor() or platform.machine(), os.cpu_count(), torch.__version__, platform.python_version()),
+               "workloads": {}, "scale": [], "memory": {}}
+    print("jupyter-autograd benchmark, %s, %s%s" % (results["date"], results["machine"], " (quick)" if args.quick else ""))
+    print()
+    print("%-30s %9s %9s %11s %9s %14s" % ("one training step", "plain ms", "capture", "+diagnose", "anomaly",
+                                          "torchviz draw"))
+    for name, factory in WORKLOADS.items():
+        if args.quick and "Recurrent" in name:
+            factory = lambda: recurrent_step(200)  # noqa: E731
+            name = "Recurrent chain 200 steps"
+        times = time_modes(factory(), reps)
+        viz, viz_error = torchviz_time(factory)
+        row = {"plain_ms": times["plain"] * 1000, "capture_x": times["capture"] / times["plain"],
+               "diagnose_x": times["diagnosed"] / times["plain"], "anomaly_x": times["anomaly"] / times["plain"],
+               "torchviz": ("%.3fx" % (viz / times["plain"])) if viz is not None else "failed: " + viz_error}
+        results["workloads"][name] = row
+        print("%-30s %9.2f %8.2fx %10.2fx %8.2fx %14s" % (name, row["plain_ms"], row["capture_x"],
+                                                         row["diagnose_x"], row["anomaly_x"], row["torchviz"]))
+    print()
+    print("%-10s %14s %14s %10s %10s %8s" % ("graph", "capture+diag s", "+widget s", "render ms", "click ms",
+                                             "grouped"))
+    for n in scales:
+        r = graph_scale(n)
+        results["scale"].append(r)
+        print("%-10d %14.2f %14.2f %10.0f %10.2f %8s" % (r["nodes"], r["capture_diagnose_s"], r["open_widget_s"],
+                                                        r["render_ms"], r["click_ms"], r["grouped"]))
+    print()
+    steps = 3 if args.quick else 10
+    plain_mb, capture_mb = peak_rss_mb("plain", steps), peak_rss_mb("capture", steps)
+    results["memory"] = {"plain_mb": plain_mb, "capture_mb": capture_mb, "ratio": capture_mb / plain_mb,
+                         "retained_tensors": retained_tensors()}
+    print("memory, transformer step x%d: peak RSS %.0f MB plain, %.0f MB under capture (%.2fx)"
+          % (steps, plain_mb, capture_mb, capture_mb / plain_mb))
+    print("user tensors kept alive by the capture after `del`: %d" % results["memory"]["retained_tensors"])
+    results["cuda"] = cuda_sync_check()
+    print("CUDA synchronisation check: %s" % results["cuda"])
+    print()
+    print("goals: capture <= 1.10x on MLP/CNN/transformer and below anomaly everywhere; 10k nodes < 2 s and a"
+          " click < 100 ms; 100k nodes grouped < 10 s; memory <= 1.10x; 0 retained tensors.")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()
