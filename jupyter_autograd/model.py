@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 PROBLEM_KINDS = ("leaf-inplace", "saved-tensor-modified", "silent-data-mutation", "accumulated-graph")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Location:
     filename: str
     line: int
@@ -22,7 +22,7 @@ class Location:
         return "%s:%d" % (self.filename, self.line)
 
 
-@dataclass
+@dataclass(slots=True)
 class TensorInfo:
     """What is known about one tensor seen in the block (never the tensor itself)."""
     tid: int
@@ -47,7 +47,7 @@ class TensorInfo:
         return self.name or "tensor#%d" % self.tid
 
 
-@dataclass
+@dataclass(slots=True)
 class OpRecord:
     index: int
     name: str                            # user-facing name: torch.matmul, Tensor.add_, F.relu, ...
@@ -64,7 +64,7 @@ class OpRecord:
     is_backward: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class SavedSlot:
     """One tensor a grad_fn node saved for backward, as seen at one checkpoint."""
     node: int
@@ -80,7 +80,7 @@ class SavedSlot:
     is_output: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class GraphNode:
     key: int
     name: str                            # MulBackward0, AccumulateGrad, ...
@@ -91,7 +91,7 @@ class GraphNode:
     consumed_by: List[int] = field(default_factory=list)  # op indices of backward calls that ran it
 
 
-@dataclass
+@dataclass(slots=True)
 class Checkpoint:
     """The graph's saved tensors, inspected just before a backward call or at the block's end."""
     op_index: int                        # the backward op, or len(ops) for the end of the block
@@ -100,7 +100,7 @@ class Checkpoint:
     slots: List[SavedSlot] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class Diagnosis:
     kind: str
     message: str

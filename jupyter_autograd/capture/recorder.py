@@ -69,7 +69,7 @@ class Recorder(TorchFunctionMode):
         self.tid_of = {}               # id(tensor) -> tid (check refs: ids are reused)
         self.refs = []                 # per tid: a weak reference to the tensor
         self.last_write = -1           # index of the last op that wrote a tensor
-        self.internal_code = {}        # code object -> True when it belongs to torch or to us
+        self.internal_code = {}        # id(code) -> (code, True when it belongs to torch or to us)
         self.user_globals = {}         # id(dict) -> globals dict of user frames (names, resolved at the end)
         self.node_ranges = []          # (first, end) grad_fn sequence numbers made by an op, and its index
         self.checkpoints = []          # graph snapshots taken before each backward call
@@ -137,12 +137,14 @@ class Recorder(TorchFunctionMode):
         internal = self.internal_code
         while frame is not None:
             code = frame.f_code
-            flag = internal.get(code)
-            if flag is None:
-                flag = internal[code] = code.co_filename.startswith((_TORCH_DIR, _OWN_DIR))
-                if not flag:
+            # Keyed by id: hashing a code object is not cached and costs microseconds. The entry
+            # holds the code object, so the id cannot be reused while we keep it.
+            entry = internal.get(id(code))
+            if entry is None:
+                entry = internal[id(code)] = (code, code.co_filename.startswith((_TORCH_DIR, _OWN_DIR)))
+                if not entry[1]:
                     self.user_globals.setdefault(id(frame.f_globals), frame.f_globals)
-            if not flag:
+            if not entry[1]:
                 break
             frame = frame.f_back
         code, line = (frame.f_code, frame.f_lineno) if frame is not None else (None, 0)
