@@ -48,13 +48,14 @@ def test_binder_environment_installs_and_runs_the_notebooks(tmp_path):
     run("bash", str(BINDER / "postBuild"))
     info = json.loads(run(str(bin_dir / "python"), "-c",
                           "import json, torch, jupyter_autograd, jupyterlab; "
-                          "print(json.dumps([torch.__version__, jupyter_autograd.__file__]))"))
+                          "print(json.dumps([torch.__version__, jupyter_autograd.__file__]))",
+                          cwd=tmp_path))  # not the checkout, which would shadow the installed package
     assert info[0].startswith("2.13.0") and "+cpu" in info[0]
     assert str(venv) in info[1], "postBuild must install the project into the Binder environment"
     out = tmp_path / "executed"
     run(str(bin_dir / "jupyter"), "nbconvert", "--to", "notebook", "--execute", "--output-dir", str(out),
         "--ExecutePreprocessor.timeout=300", "--ExecutePreprocessor.kernel_name=python3",
-        *sorted(str(p) for p in (ROOT / "notebooks").glob("*.ipynb")))
+        *sorted(str(p) for p in (ROOT / "notebooks").glob("*.ipynb")), cwd=tmp_path)
     executed = sorted(out.glob("*.ipynb"))
     assert len(executed) == 6
     quickstart = json.loads(executed[0].read_text())

@@ -74,7 +74,7 @@ class Recorder(TorchFunctionMode):
         self.node_ranges = []          # (first, end) grad_fn sequence numbers made by an op, and its index
         self.checkpoints = []          # graph snapshots taken before each backward call
         self.names = {}                # tid -> name, from frames seen at backward calls
-        self.graph_nodes = {}          # node key -> [name, input keys, leaf tid, backward op indices]
+        self.graph_nodes = {}          # node key -> [name, input keys, leaf tid, backward op indices, last seen]
         self.failure = None            # why recording stopped, if it did
         self.off = None                # non-None while recording is paused or after a failure
 
@@ -125,7 +125,7 @@ class Recorder(TorchFunctionMode):
             outs = [result] if isinstance(result, _Tensor) else (
                 [r for r in result if isinstance(r, _Tensor)] if isinstance(result, (tuple, list)) else ())
             if outs:
-                alias_of = tid(args_first(tensors)) if func == _DATA_GETTER else None
+                alias_of = tid(tensors[0]) if func == _DATA_GETTER else None
                 out_ids = []
                 for out in outs:
                     t_id = self.known(out)
@@ -228,28 +228,23 @@ def frame_names(frame):
 _CO_OPTIMIZED = 0x0001
 
 
-def args_first(tensors):
-    return tensors[0]
-
-
 def _tensors_in(args, kwargs):
+    """The tensors among the arguments, one level into lists and tuples (torch.cat, _foreach_*)."""
     found = []
-    for a in args:
+    _collect(args, found)
+    if kwargs:
+        _collect(kwargs.values(), found)
+    return found
+
+
+def _collect(values, found):
+    for a in values:
         if isinstance(a, _Tensor):
             found.append(a)
         elif isinstance(a, (list, tuple)):
             for b in a:
                 if isinstance(b, _Tensor):
                     found.append(b)
-    if kwargs:
-        for a in kwargs.values():
-            if isinstance(a, _Tensor):
-                found.append(a)
-            elif isinstance(a, (list, tuple)):
-                for b in a:
-                    if isinstance(b, _Tensor):
-                        found.append(b)
-    return found
 
 
 def _byte_range(t):
