@@ -190,7 +190,7 @@ def graph_scale(n_nodes):
     click = time.perf_counter()
     widget.selected = "fn%d" % next(iter(trace.nodes))
     click = time.perf_counter() - click
-    result = {"nodes": len(trace.nodes), "capture_diagnose_s": captured, "open_widget_s": opened,
+    result = {"nodes": len(trace.nodes), "capture_s": captured, "open_widget_s": opened,
               "render_ms": widget.render_ms, "click_ms": click * 1000, "grouped": widget.grouped}
     del h, trace, widget
     return result
@@ -274,12 +274,12 @@ def main(argv=None):
         print("%-30s %9.2f %8.2fx %10.2fx %8.2fx %14s" % (name, row["plain_ms"], row["capture_x"],
                                                          row["diagnose_x"], row["anomaly_x"], row["torchviz"]))
     print()
-    print("%-10s %14s %14s %10s %10s %8s" % ("graph", "capture+diag s", "+widget s", "render ms", "click ms",
-                                             "grouped"))
+    print("%-10s %14s %20s %10s %10s %8s" % ("graph nodes", "capture s", "+diagnose+widget s", "render ms",
+                                             "click ms", "grouped"))
     for n in scales:
         r = graph_scale(n)
         results["scale"].append(r)
-        print("%-10d %14.2f %14.2f %10.0f %10.2f %8s" % (r["nodes"], r["capture_diagnose_s"], r["open_widget_s"],
+        print("%-11d %14.2f %20.2f %10.0f %10.2f %8s" % (r["nodes"], r["capture_s"], r["open_widget_s"],
                                                         r["render_ms"], r["click_ms"], r["grouped"]))
     print()
     steps = 3 if args.quick else 10
