@@ -192,7 +192,7 @@ class AutogradWidget(anywidget.AnyWidget):
         if node.variable is not None:
             rows.append(["accumulates into", trace.tensor_label(node.variable) + ".grad"])
         if node.consumed_by:
-            rows.append(["backpropagated by", ", ".join(_line_of(trace.ops[i]) for i in node.consumed_by
+            rows.append(["backward() from", ", ".join(_line_of(trace.ops[i]) for i in node.consumed_by
                                                         if i < len(trace.ops))])
         saved = []
         for slot in node.saved:

@@ -175,6 +175,8 @@ def test_widget_in_a_real_browser(server, page):
 
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / ("page-%s.png" % app)))
+    page.set_viewport_size({"width": 1400, "height": 2400})  # the whole widget, not a stitched scroll
+    widget.scroll_into_view_if_needed()
     widget.screenshot(path=str(ARTIFACTS / ("widget-%s.png" % app)))
     unexpected = [e for e in errors if not any(k in e for k in KNOWN_PAGE_ERRORS)]
     assert not unexpected, unexpected

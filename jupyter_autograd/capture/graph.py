@@ -15,20 +15,26 @@ _STALE = re.compile(r"is at version (\d+); expected version (\d+) instead")
 _saved_names_by_type = {}
 
 
+_ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
+
+
 def node_key(node, recorder):
     """A stable integer for a node across snapshots: its sequence number, or for a leaf's
     AccumulateGrad (which has none) a negative number derived from the leaf's tid."""
-    if type(node).__name__ == "AccumulateGrad":
+    if type(node) is _ACCUMULATE_GRAD:
         return -1 - recorder._tid(node.variable)
     return node._sequence_nr()
 
 
 def saved_names(node):
+    """Per node type: (slot name, attribute with the raw saved tensor, attribute that checks it)."""
     cls = type(node)
     names = _saved_names_by_type.get(cls)
     if names is None:
         names = _saved_names_by_type[cls] = tuple(
-            n[len("_raw_saved_"):] for n in dir(cls) if n.startswith("_raw_saved_"))
+            (n[len("_raw_saved_"):], n, "_saved_" + n[len("_raw_saved_"):] if hasattr(cls, "_saved_" + n[
+                len("_raw_saved_"):]) else "saved_" + n[len("_raw_saved_"):])
+            for n in dir(cls) if n.startswith("_raw_saved_"))
     return names
 
 
@@ -63,7 +69,7 @@ def take(recorder, roots, op_index, kind):
             continue  # walked before, and nothing was written since: the same subgraph, the same slots
         children = [c for c, _ in fn.next_functions]
         if entry is None:
-            variable = recorder._tid(fn.variable) if type(fn).__name__ == "AccumulateGrad" else None
+            variable = recorder._tid(fn.variable) if type(fn) is _ACCUMULATE_GRAD else None
             child_keys = [None if c is None else node_key(c, recorder) for c in children]
             entry = nodes[key] = [fn.name().rpartition("::")[2], child_keys, variable, [], op_index]
         else:
@@ -78,8 +84,9 @@ def take(recorder, roots, op_index, kind):
             made_by = None if key < 0 else recorder.op_of_seq(key)
             # Only a write after the node was made can have changed what it saved.
             check = made_by is None or last_write > made_by
-            for name in names:
-                slots.extend(_slots_of(fn, key, name, recorder, _byte_range, by_pointer, check))
+            for name, raw_attr, check_attr in names:
+                slots.extend(_slots_of(fn, key, name, raw_attr, check_attr, recorder, _byte_range, by_pointer,
+                                       check))
     if len(held) > _DEEP_GRAPH:
         _allow_deep_graph_deletion()
     held.clear()
@@ -107,16 +114,15 @@ def _allow_deep_graph_deletion():
 STACK_RAISED = [None]  # (old, new) soft stack limit, once raised
 
 
-def _slots_of(fn, key, name, recorder, byte_range, by_pointer, check=True):
+def _slots_of(fn, key, name, raw_attr, check_attr, recorder, byte_range, by_pointer, check=True):
     try:
-        raw = getattr(fn, "_raw_saved_" + name)
+        raw = getattr(fn, raw_attr)
     except RuntimeError:  # lists of saved tensors raise once an earlier backward freed them
         return [(key, name, None, (), "", None, None, False, True, None, False)]
     if isinstance(raw, (list, tuple)):
         items = [("%s[%d]" % (name, i), r) for i, r in enumerate(raw)]
     else:
         items = [(name, raw)]
-    check_attr = "_saved_" + name if hasattr(type(fn), "_saved_" + name) else "saved_" + name
     stale, versions = None, None
     out = []
     for slot, saved in items:
