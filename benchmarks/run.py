@@ -29,22 +29,26 @@ import jupyter_autograd as ja
 
 # -- workloads: each returns a function doing one training step ------------------------------------
 
+def _training(model, opt, loss_of):
+    """One step: forward, backward, optimizer step."""
+    def step():
+        loss = loss_of(model)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
 def mlp_step():
     torch.manual_seed(0)
     layers = []
     for i in range(6):
         layers += [nn.Linear(512, 512), nn.ReLU()]
     model = nn.Sequential(*layers[:-1])
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, y = torch.randn(64, 512), torch.randn(64, 512)
-
-    def step():
-        loss = nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
-    return step
+    return _training(model, torch.optim.SGD(model.parameters(), lr=1e-3),
+                     lambda m: nn.functional.mse_loss(m(x), y))
 
 
 def cnn_step():
@@ -52,32 +56,17 @@ def cnn_step():
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                           nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                           nn.Flatten(), nn.Linear(32 * 8 * 8, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
-
-    def step():
-        loss = nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
-    return step
+    return _training(model, torch.optim.SGD(model.parameters(), lr=1e-3),
+                     lambda m: nn.functional.cross_entropy(m(x), y))
 
 
 def transformer_step():
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=512, batch_first=True, dropout=0.0)
     model = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     x = torch.randn(8, 64, 256)
-
-    def step():
-        loss = model(x).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
-    return step
+    return _training(model, torch.optim.Adam(model.parameters(), lr=1e-4), lambda m: m(x).pow(2).mean())
 
 
 def recurrent_step(steps=2000):
