@@ -62,6 +62,7 @@ class OpRecord:
     node: Optional[int] = None           # key of the grad_fn node this op created
     error: Optional[str] = None          # "RuntimeError: ..." when the op raised
     is_backward: bool = False
+    module: Tuple[str, ...] = ()         # the nn.Module forwards it ran in, outermost first
 
 
 @dataclass(slots=True)
@@ -145,6 +146,7 @@ class Trace:
     warnings: List[str] = field(default_factory=list)  # problems of the tool itself
     notes: List[str] = field(default_factory=list)     # things the tool did that the user may want to know
     sources: Dict[str, List[str]] = field(default_factory=dict)  # filename -> lines, for display
+    modules: Dict[str, str] = field(default_factory=dict)  # dotted module name -> class name
 
     # -- built on first use -------------------------------------------------------------------
     def _defer(self, build) -> None:

@@ -83,7 +83,7 @@ function render({ model, el: root }) {
     graph.innerHTML = model.get("svg");
     const count = model.get("node_count");
     if (model.get("grouped")) {
-      graph.prepend(el("div", "ja-note", count + " nodes, grouped by the line that created them: click a dashed box to expand it."));
+      graph.prepend(el("div", "ja-note", count + " nodes, grouped by module (or by the line that made them): click a dashed box to expand it."));
     }
     markNodes();
   }

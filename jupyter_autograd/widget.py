@@ -102,7 +102,7 @@ class AutogradWidget(anywidget.AnyWidget):
         if not node:
             self.details = {}
             return
-        if node.startswith("g:") and node not in self.expanded:
+        if node.startswith(("g:", "m:")) and node not in self.expanded:
             self.details = self._group_details(node)
             self.expanded = self.expanded + [node]
             self._render()
@@ -151,7 +151,7 @@ class AutogradWidget(anywidget.AnyWidget):
             return self._node_details(int(node[2:]))
         if node.startswith("op") and node[2:].isdigit() and int(node[2:]) < len(trace.ops):
             return self._op_details(int(node[2:]))
-        if node.startswith("g:"):
+        if node.startswith(("g:", "m:")):
             return self._group_details(node)
         return {"title": node, "rows": [["", "nothing is known about this node"]]}
 
@@ -223,7 +223,8 @@ class AutogradWidget(anywidget.AnyWidget):
 
     def _group_details(self, key: str) -> Dict:
         count = self._view.nodes[key].members if self._view and key in self._view.nodes else 0
-        label = self._view.nodes[key].label if self._view and key in self._view.nodes else key
+        label = (_group_title(self._trace, key) if key.startswith("m:") else
+                 self._view.nodes[key].label if self._view and key in self._view.nodes else key)
         return {"kind": "group", "title": label,
                 "rows": [["nodes", str(count)], ["", "expanded in the graph; click its nodes to inspect them"]]}
 
@@ -245,6 +246,11 @@ class AutogradWidget(anywidget.AnyWidget):
                 "file": op.location.filename if op.location else "", "source": op.location.source if op.location else "",
                 "grad_mode": op.grad_enabled, "error": op.error or "",
                 "writes": [trace.tensor_label(tid) for tid in op.writes], "versions": versions}
+
+
+def _group_title(trace: Trace, key: str) -> str:
+    name = key[2:]
+    return "%s (%s)" % (name, trace.modules[name]) if name in trace.modules else name
 
 
 def _line_of(op) -> str:

@@ -288,3 +288,20 @@ def test_report_names_both_lines_and_versions():
     assert "y = y + 1" in d.fix
     report = trace.report()
     assert "line %d: y += 1" % d.line in report and "saved at 0, now 1" in report
+
+
+def test_module_hooks_are_removed_and_survive_a_failing_forward():
+    from torch.nn.modules import module as nn_module
+
+    class Broken(nn.Module):
+        def forward(self, x):
+            raise ValueError("inside forward")
+
+    net = nn.Sequential(nn.Linear(2, 2), Broken())
+    lin = nn.Linear(2, 2)
+    with ja.capture(namespace={"net": net, "lin": lin}) as trace:
+        with pytest.raises(ValueError):
+            net(torch.ones(1, 2))
+        lin(torch.ones(1, 2))  # after the failure the module path is right again
+    assert not nn_module._global_forward_pre_hooks and not nn_module._global_forward_hooks
+    assert [op.module for op in trace.ops if op.name == "F.linear"] == [("net", "net.0"), ("lin",)]

@@ -176,3 +176,38 @@ def test_ten_thousand_nodes_open_quickly_enough_to_not_freeze():
     assert w.grouped and w.details["title"]
     # Not a timed assertion (see benchmarks/): only a guard against a hang.
     assert time.perf_counter() - started < 60
+
+
+def test_large_model_graph_is_grouped_by_module_and_expands_level_by_level():
+    from torch import nn
+
+    layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True, dropout=0.0)
+    model = nn.TransformerEncoder(layer, num_layers=6, enable_nested_tensor=False)
+    with ja.capture(namespace={"model": model}) as trace:
+        out = model(torch.randn(2, 5, 32))
+    w = AutogradWidget(trace)
+    view = layout.build_view(trace)
+    groups = {n for n, v in view.nodes.items() if v.kind == "group"}
+    # The model holds everything, so it opens by itself down to its six layers.
+    assert {"m:model.layers.%d" % i for i in range(6)} <= groups
+    w.selected = "m:model.layers.2"
+    assert w.details["title"] == "model.layers.2 (TransformerEncoderLayer)"
+    inner = {n for n, v in layout.build_view(trace, expanded=frozenset(w.expanded)).nodes.items() if v.kind == "group"}
+    assert "m:model.layers.2.self_attn" in inner and "m:model.layers.2" not in inner
+    assert 'id="ja-m:model.layers.2.self_attn"' in w.svg
+
+
+def test_modules_are_not_kept_alive_by_the_trace():
+    import gc
+    import weakref
+
+    from torch import nn
+
+    net = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+    with ja.capture(namespace={"net": net}) as trace:
+        net(torch.randn(2, 3)).sum()
+    ref = weakref.ref(net)
+    del net
+    gc.collect()
+    assert ref() is None
+    assert any(op.module == ("net", "net.0") for op in trace.ops)

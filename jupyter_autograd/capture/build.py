@@ -75,9 +75,32 @@ def freeze(recorder, namespaces: Iterable[dict]):
             live[t_id] = (bool(t.requires_grad), bool(t.is_leaf),
                           None if fn is None else fn.name().rpartition("::")[2],
                           None if fn is None else graph_snapshot.node_key(fn, recorder), ref, t._version)
-    names = _namespace_names(recorder, namespaces)
-    recorder.user_globals = {}  # never hold the user's namespaces past the block
+    names, module_names = _namespace_names(recorder, namespaces)
+    _name_module_paths(recorder, module_names)
+    recorder.user_globals = {}  # never hold the user's namespaces (or modules) past the block
+    recorder.modules = {}
     return live, names
+
+
+def _name_module_paths(recorder, module_names):
+    """Replace the module objects of each op's module path by dotted names (net.encoder.layers.0)."""
+    by_path = {}
+    classes = recorder.module_classes = {}
+    for index, path in list(recorder.op_modules.items()):
+        named = by_path.get(id(path))
+        if named is None:
+            parts, parent_name, parent = [], None, None
+            for module in path:
+                name = module_names.get(id(module))
+                if name is None and parent is not None:
+                    child = next((k for k, m in parent.named_children() if m is module), None)
+                    name = "%s.%s" % (parent_name, child) if child is not None else None
+                name = name or type(module).__name__
+                classes[name] = type(module).__name__
+                parts.append(name)
+                parent_name, parent = name, module
+            named = by_path[id(path)] = (tuple(parts), path)
+        recorder.op_modules[index] = named[0]
 
 
 def build_trace(recorder, live, names, error: Optional[str] = None) -> Trace:
@@ -157,11 +180,14 @@ def _grad_summary(t) -> Optional[str]:
 
 
 def _ops(recorder, trace, locations):
+    op_modules = recorder.op_modules
+    trace.modules = dict(getattr(recorder, "module_classes", {}))
     for index, rec in enumerate(recorder.ops):
         func = rec[OP_FUNC]
         written = rec[OP_WR] or ()
         err = rec[OP_ERR]
         op = OpRecord(index=index, name=op_name(func), location=locations.get((id(rec[OP_CODE]), rec[OP_LINE])),
+                      module=op_modules.get(index, ()),
                       inputs=rec[OP_IN], outputs=rec[OP_OUT], versions_before=rec[OP_VB], versions_after=rec[OP_VA],
                       writes=tuple(w[0] for w in written), write_ranges=tuple(w[1] for w in written),
                       grad_enabled=rec[OP_GRAD], node=rec[OP_SEQ],
@@ -230,6 +256,7 @@ def _namespace_names(recorder, namespaces) -> Dict[int, str]:
     spaces: List[dict] = [ns for ns in namespaces if isinstance(ns, dict)]
     spaces += list(recorder.user_globals.values())
     params: Dict[int, str] = {}
+    modules: Dict[int, str] = {}
     for ns in spaces:
         for name, value in list(ns.items()):
             if name.startswith("_") or name in ("In", "Out"):
@@ -244,13 +271,16 @@ def _namespace_names(recorder, namespaces) -> Dict[int, str]:
                         t_id = known(p)
                         if t_id is not None:
                             params.setdefault(t_id, "%s.%s" % (name, pname))
+                    if recorder.modules:
+                        for mname, m in value.named_modules():
+                            modules.setdefault(id(m), "%s.%s" % (name, mname) if mname else name)
                 except Exception:
                     continue
     for t_id, name in params.items():
         found.setdefault(t_id, name)
     for t_id, name in recorder.names.items():
         found.setdefault(t_id, name)
-    return found
+    return found, modules
 
 
 def _names(trace, found: Dict[int, str]):

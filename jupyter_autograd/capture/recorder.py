@@ -49,16 +49,41 @@ def _recording_apply(cls, *args, **kwargs):
     return recorder.__torch_function__(bound, (), args, kwargs)
 
 
+def _enter_module(module, args):
+    recorder = getattr(_state, "recorder", None)
+    if recorder is not None and recorder.off is None:
+        recorder.module_path = recorder.module_path + (module,)
+        recorder.modules[id(module)] = module
+
+
+def _leave_module(module, args, output):
+    recorder = getattr(_state, "recorder", None)
+    if recorder is not None and recorder.module_path and recorder.module_path[-1] is module:
+        recorder.module_path = recorder.module_path[:-1]
+
+
+_module_hooks = []
+
+
 def install_function_hook():
+    """Hooks for the whole capture: custom Function.apply, and the nn.Module call stack (so that
+    large graphs can be grouped by module). Forward hooks change no result; always_call keeps
+    the stack right when a forward raises."""
     _hook_users[0] += 1
     if _hook_users[0] == 1:
         _Function.apply = classmethod(_recording_apply)
+        from torch.nn.modules import module as nn_module
+        _module_hooks[:] = [nn_module.register_module_forward_pre_hook(_enter_module),
+                            nn_module.register_module_forward_hook(_leave_module, always_call=True)]
 
 
 def remove_function_hook():
     _hook_users[0] = max(0, _hook_users[0] - 1)
     if _hook_users[0] == 0:
         _Function.apply = _original_apply
+        for handle in _module_hooks:
+            handle.remove()
+        _module_hooks.clear()
 
 
 class Recorder(TorchFunctionMode):
@@ -77,6 +102,9 @@ class Recorder(TorchFunctionMode):
         self.graph_nodes = {}          # node key -> [name, input keys, leaf tid, backward op indices, last seen]
         self.failure = None            # why recording stopped, if it did
         self.off = None                # non-None while recording is paused or after a failure
+        self.module_path = ()          # the nn.Modules whose forward is running, outermost first
+        self.modules = {}              # id(module) -> module, for naming at the end of the block
+        self.op_modules = {}           # op index -> module path, for ops run inside a forward
 
     # -- hot path -----------------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -148,6 +176,8 @@ class Recorder(TorchFunctionMode):
                 break
             frame = frame.f_back
         code, line = (frame.f_code, frame.f_lineno) if frame is not None else (None, 0)
+        if self.module_path:
+            self.op_modules[index] = self.module_path
         self.ops.append((func, code, line, tuple([tid(t) for t in tensors]), before, after, outputs, seq,
                          written, _grad_enabled(), None if error is None else (type(error).__name__, str(error))))
 

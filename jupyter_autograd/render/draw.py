@@ -15,7 +15,6 @@ made interactive by the front end without re-rendering.
 from __future__ import annotations
 
 import io
-import textwrap
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -104,7 +103,7 @@ def _node(ax, node, xy):
 
 
 def _short(text: str, width: int) -> str:
-    return textwrap.shorten(text, width=width, placeholder="...") if len(text) > width else text
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def to_svg(fig: Figure) -> str:

@@ -63,7 +63,9 @@ def full_graph(trace: Trace) -> nx.DiGraph:
     return g
 
 
-def group_key(trace: Trace, g: nx.DiGraph, node: str) -> str:
+def group_key(trace: Trace, g: nx.DiGraph, node: str, expanded: FrozenSet[str] = frozenset()) -> Optional[str]:
+    """The group a node is drawn in: the outermost nn.Module (not yet expanded) whose forward
+    made it, else the source line that made it. None: drawn on its own (inside an expanded module)."""
     data = g.nodes[node]
     op_index = None
     if data["kind"] == "fn":
@@ -71,10 +73,19 @@ def group_key(trace: Trace, g: nx.DiGraph, node: str) -> str:
     elif "tid" in data:
         info = trace.tensors.get(data["tid"])
         op_index = info.created_by if info is not None else None
-    if op_index is None or op_index >= len(trace.ops) or trace.ops[op_index].location is None:
-        return "g:inputs" if data["kind"] in ("leaf", "saved", "tensor") else "g:other"
-    loc = trace.ops[op_index].location
-    return "g:%s:%d" % (loc.filename, loc.line)
+        if info is not None and info.is_leaf:
+            op_index = None
+    if op_index is None or op_index >= len(trace.ops):
+        return "g:inputs"  # leaves with their AccumulateGrad nodes, and what came from before the block
+    op = trace.ops[op_index]
+    if op.module:
+        for name in op.module:
+            if "m:" + name not in expanded:
+                return "m:" + name
+        return None
+    if op.location is None:
+        return "g:other"
+    return "g:%s:%d" % (op.location.filename, op.location.line)
 
 
 def build_view(trace: Trace, max_nodes: int = DEFAULT_MAX_NODES,
@@ -111,23 +122,35 @@ def _grouped(trace, g, view, max_nodes, expanded):
             keep.add(n)
             keep.update(g.predecessors(n))
             keep.update(g.successors(n))
-    owner: Dict[str, str] = {}
-    members: Dict[str, List[str]] = defaultdict(list)
-    for n in g.nodes:
-        key = group_key(trace, g, n)
-        if n in keep or key in expanded:
-            owner[n] = n
-        else:
-            owner[n] = key
-            members[key].append(n)
+    expanded = set(expanded)
+    for _ in range(8):
+        owner: Dict[str, str] = {}
+        members: Dict[str, List[str]] = defaultdict(list)
+        for n in g.nodes:
+            key = group_key(trace, g, n, frozenset(expanded))
+            if n in keep or key is None or key in expanded:
+                owner[n] = n
+            else:
+                owner[n] = key
+                members[key].append(n)
+        # One model holding everything says nothing: open it until its parts show.
+        big = [k for k, ms in members.items() if k.startswith("m:") and len(ms) > max_nodes / 2]
+        if not big:
+            break
+        expanded.update(big)
     for n, o in owner.items():
         if o == n:
             view.nodes[n] = _view_node(trace, n, g.nodes[n])
     for key, ms in members.items():
-        kinds = Counter(g.nodes[m].get("label", "") for m in ms if g.nodes[m]["kind"] == "fn")
-        top = ", ".join("%s x%d" % (k, c) for k, c in kinds.most_common(2))
-        view.nodes[key] = ViewNode(id=key, kind="group", label=_group_label(trace, key), members=len(ms),
-                                   sublabel="%d nodes%s" % (len(ms), ": " + top if top else ""))
+        if key.startswith("m:"):  # the end of the dotted name, the class below it
+            name = key[2:]
+            label = name if len(name) <= 24 else "..." + ".".join(name.split(".")[-2:])
+            sub = "%s, %d nodes" % (trace.modules.get(name, "module"), len(ms))
+        else:
+            kinds = Counter(g.nodes[m].get("label", "") for m in ms if g.nodes[m]["kind"] == "fn")
+            top = ", ".join("%s x%d" % (k, c) for k, c in kinds.most_common(2))
+            label, sub = _group_label(trace, key), "%d nodes%s" % (len(ms), ": " + top if top else "")
+        view.nodes[key] = ViewNode(id=key, kind="group", label=label, members=len(ms), sublabel=sub)
     seen = set()
     for u, v, d in g.edges(data=True):
         a, b = owner[u], owner[v]
@@ -137,10 +160,14 @@ def _grouped(trace, g, view, max_nodes, expanded):
 
 
 def _group_label(trace: Trace, key: str) -> str:
+    if key.startswith("m:"):
+        name = key[2:]
+        cls = trace.modules.get(name)
+        return "%s (%s)" % (name, cls) if cls and cls != name else name
     if key == "g:inputs":
         return "inputs and parameters"
     if key == "g:other":
-        return "created outside the block"
+        return "operations without a source line"
     filename, _, line = key[2:].rpartition(":")
     text = trace.source_line(filename, int(line)).strip()
     return "line %s: %s" % (line, text) if text else "line %s" % line
