@@ -117,7 +117,7 @@ def finish(recorder, namespaces, exc=None):
     first read: a training loop under capture() pays for it only if it looks."""
     from ..diagnose import diagnose
     from .build import build_trace, end_checkpoint, freeze
-    from .graph import STACK_RAISED
+    from .graph import DEEP_GRAPH, STACK_RAISED
 
     try:
         end_checkpoint(recorder)
@@ -132,7 +132,7 @@ def finish(recorder, namespaces, exc=None):
             trace = build_trace(recorder, live, names, error)
             if recorder.failure:
                 trace.warnings.append("recording stopped early after an internal error: " + recorder.failure)
-            if STACK_RAISED[0] and len(trace.nodes) > 20_000:
+            if STACK_RAISED[0] and len(trace.nodes) > DEEP_GRAPH:
                 trace.notes.append("This graph is deep: to keep PyTorch from crashing when it frees it, the "
                                    "process's stack limit was raised from %d to %d bytes." % STACK_RAISED[0])
             trace.diagnoses = diagnose(trace)

@@ -54,8 +54,8 @@ def op_name(func) -> str:
 def end_checkpoint(recorder):
     """Inspect every graph still reachable from a live tensor of the block."""
     roots = []
-    for meta in recorder.tensor_meta:
-        t = meta[0]()
+    for ref in recorder.refs:
+        t = ref()
         if t is not None and t.grad_fn is not None:
             roots.append(t)
     snap = graph_snapshot.take(recorder, roots, len(recorder.ops), "end")
@@ -152,12 +152,12 @@ def _without_comment(line: str) -> str:
 def _tensors(recorder, trace, live):
     names: Dict[object, str] = {}
     for t_id, meta in enumerate(recorder.tensor_meta):
-        _ref, shape, dtype, device, requires_grad, is_leaf, fn_name, created_by, base, alias_of = meta
+        shape, dtype, device, requires_grad, is_leaf, created_by, base, alias_of = meta
         dtype_name = names.get(dtype) or names.setdefault(dtype, str(dtype).replace("torch.", ""))
         device_name = names.get(device) or names.setdefault(device, str(device))
         info = TensorInfo(tid=t_id, shape=tuple(shape), dtype=dtype_name,
                           device=device_name, requires_grad=bool(requires_grad), is_leaf=bool(is_leaf),
-                          grad_fn=fn_name, created_by=created_by, base=base, data_alias_of=alias_of)
+                          created_by=created_by, base=base, data_alias_of=alias_of)
         if t_id in live:
             info.alive = True
             info.requires_grad, info.is_leaf, info.grad_fn, info.node, ref, info.version = live[t_id]

@@ -31,10 +31,10 @@ def saved_names(node):
     cls = type(node)
     names = _saved_names_by_type.get(cls)
     if names is None:
+        slots = [n[len("_raw_saved_"):] for n in dir(cls) if n.startswith("_raw_saved_")]
+        # Custom Functions check through `saved_tensors`, built-in nodes through `_saved_<slot>`.
         names = _saved_names_by_type[cls] = tuple(
-            (n[len("_raw_saved_"):], n, "_saved_" + n[len("_raw_saved_"):] if hasattr(cls, "_saved_" + n[
-                len("_raw_saved_"):]) else "saved_" + n[len("_raw_saved_"):])
-            for n in dir(cls) if n.startswith("_raw_saved_"))
+            (s, "_raw_saved_" + s, "_saved_" + s if hasattr(cls, "_saved_" + s) else "saved_" + s) for s in slots)
     return names
 
 
@@ -45,8 +45,6 @@ def take(recorder, roots, op_index, kind):
     backward op indices that ran it, op index of the last checkpoint that saw it]. Slots are tuples:
     (node key, slot, tid, shape, dtype, saved_version, current_version, stale, freed, byte range, is_output).
     """
-    from .recorder import _byte_range
-
     nodes = recorder.graph_nodes
     stack, root_keys, held = [], [], {}
     for r in roots:
@@ -85,15 +83,14 @@ def take(recorder, roots, op_index, kind):
             # Only a write after the node was made can have changed what it saved.
             check = made_by is None or last_write > made_by
             for name, raw_attr, check_attr in names:
-                slots.extend(_slots_of(fn, key, name, raw_attr, check_attr, recorder, _byte_range, by_pointer,
-                                       check))
-    if len(held) > _DEEP_GRAPH:
+                slots.extend(_slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check))
+    if len(held) > DEEP_GRAPH:
         _allow_deep_graph_deletion()
     held.clear()
     return (op_index, kind, root_keys, slots)
 
 
-_DEEP_GRAPH = 20_000
+DEEP_GRAPH = 20_000
 
 
 def _allow_deep_graph_deletion():
@@ -114,7 +111,7 @@ def _allow_deep_graph_deletion():
 STACK_RAISED = [None]  # (old, new) soft stack limit, once raised
 
 
-def _slots_of(fn, key, name, raw_attr, check_attr, recorder, byte_range, by_pointer, check=True):
+def _slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check=True):
     try:
         raw = getattr(fn, raw_attr)
     except RuntimeError:  # lists of saved tensors raise once an earlier backward freed them
@@ -195,7 +192,7 @@ class _PointerIndex:
         index[ptr] = candidates
         metas = rec.tensor_meta
         # The original tensor rather than a `.data` alias or a view of it.
-        plain = [t for t in candidates if metas[t][9] is None and metas[t][8] is None]
+        plain = [t for t in candidates if metas[t][7] is None and metas[t][6] is None]
         return (plain or candidates or [None])[0]
 
 
@@ -205,10 +202,24 @@ def _match_output(recorder, fn, data):
     ptr, shape = data.data_ptr(), tuple(data.shape)
     candidates = recorder.ops[op_index][6] if op_index is not None else ()
     for t_id in candidates:
-        t = recorder.tensor_meta[t_id][0]()
+        t = recorder.refs[t_id]()
         if t is not None and t.data_ptr() == ptr and tuple(t.shape) == shape:
             return t_id
     for t_id in candidates:
-        if recorder.tensor_meta[t_id][1] == shape:
+        if tuple(recorder.tensor_meta[t_id][0]) == shape:
             return t_id
     return None
+
+
+def byte_range(t):
+    """The bytes of memory a tensor spans (start, end): overlap finds writes through any alias."""
+    try:
+        start = t.data_ptr()
+        if t.is_contiguous():
+            return (start, start + t.nbytes) if t.nbytes else None
+        if t.numel() == 0:
+            return None
+        extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+        return (start, start + extent * t.element_size())
+    except Exception:  # sparse, meta or other layouts without plain memory
+        return None

@@ -17,6 +17,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import graph as graph_snapshot
+from .graph import byte_range
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -90,7 +91,7 @@ class Recorder(TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.ops = []
-        self.tensor_meta = []          # per tid: (weakref, shape, dtype, device, requires_grad, is_leaf, grad_fn name, created_by, base tid, data alias of)
+        self.tensor_meta = []          # per tid: (shape, dtype, device, requires_grad, is_leaf, created_by, base tid, data alias of)
         self.tid_of = {}               # id(tensor) -> tid (check refs: ids are reused)
         self.refs = []                 # per tid: a weak reference to the tensor
         self.last_write = -1           # index of the last op that wrote a tensor
@@ -143,7 +144,7 @@ class Recorder(TorchFunctionMode):
         written = None
         index = len(self.ops)
         if after != before:
-            written = tuple((tid(t), _byte_range(t)) for t, b, a in zip(tensors, before, after) if a != b)
+            written = tuple((tid(t), byte_range(t)) for t, b, a in zip(tensors, before, after) if a != b)
             self.last_write = index
         outputs, seq = (), None
         if seq_end != seq_start:  # grad_fn nodes were made during this call: [start, end)
@@ -194,13 +195,13 @@ class Recorder(TorchFunctionMode):
         return self._register(t, None, None) if t_id is None else t_id
 
     def _register(self, t, created_by, alias_of):
-        t_id = len(self.tensor_meta)
+        t_id = len(self.refs)
         base = t._base
         # No t.grad_fn here: a Python wrapper on every node makes PyTorch 2.13 free deep graphs
         # recursively (a segfault past ~40,000 nodes). Names of nodes are read once, at the end.
         ref = weakref.ref(t)
         self.refs.append(ref)
-        self.tensor_meta.append((ref, t.shape, t.dtype, t.device, t.requires_grad, t.is_leaf, None, created_by,
+        self.tensor_meta.append((t.shape, t.dtype, t.device, t.requires_grad, t.is_leaf, created_by,
                                  None if base is None else self._tid(base), alias_of))
         self.tid_of[id(t)] = t_id
         return t_id
@@ -275,17 +276,3 @@ def _collect(values, found):
             for b in a:
                 if isinstance(b, _Tensor):
                     found.append(b)
-
-
-def _byte_range(t):
-    """The bytes of memory a tensor spans (start, end): overlap finds writes through any alias."""
-    try:
-        start = t.data_ptr()
-        if t.is_contiguous():
-            return (start, start + t.nbytes) if t.nbytes else None
-        if t.numel() == 0:
-            return None
-        extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
-        return (start, start + extent * t.element_size())
-    except Exception:  # sparse, meta or other layouts without plain memory
-        return None
