@@ -6,11 +6,10 @@ only have to find *which* recorded write did it and say so in the user's terms.
 """
 from __future__ import annotations
 
-import ast
 import bisect
-import re
 from typing import Dict, List, Optional, Tuple
 
+from .fixes import accumulation_fix, data_fix, describe_write, inplace_fix, leaf_fix, line_ref, where
 from .model import Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
 
 _LEAF_ERRORS = ("leaf Variable that requires grad is being used in an in-place operation",)
@@ -42,14 +41,9 @@ def _leaf_inplace(trace: Trace) -> List[Diagnosis]:
             "`%s` is a leaf tensor that requires grad: backward() will store its gradient in `%s.grad`. "
             "%s changes %s in place (%s), which PyTorch forbids while it records the graph, because the "
             "gradient must be computed with respect to the value the tensor had when it was used. "
-            "PyTorch raised: \"%s\"" % (name, name, _where(op), "a view of it" if view else "it",
-                                         _describe_write(op), op.error.split(": ", 1)[-1].split("\n")[0]))
-        if text:
-            fix = ("Do the change without recording it, before the tensor is used:\n"
-                   "    with torch.no_grad():\n        %s\n"
-                   "or make the change before setting requires_grad=True (or on `%s.detach()`)." % (text, name))
-        else:
-            fix = "Wrap the in-place change in `with torch.no_grad():`, before the tensor is used."
+            "PyTorch raised: \"%s\"" % (name, name, where(op), "a view of it" if view else "it",
+                                         describe_write(op), op.error.split(": ", 1)[-1].split("\n")[0]))
+        fix = leaf_fix(text, name)
         out.append(_diag(trace, "leaf-inplace", op, message, fix, tensor=name,
                          tids=(target,) if target is not None else ()))
     return out
@@ -181,12 +175,12 @@ def _saved_diagnosis(trace, kind, cp: Checkpoint, slot: SavedSlot, node, saved_o
     name = trace.tensor_label(affected) if affected is not None else "a saved tensor"
     save = trace.ops[saved_op] if saved_op is not None else None
     node_name = node.name if node is not None else "a grad_fn node"
-    saved_at = ("on %s (`%s`)" % (_line_ref(save), save.location.source)
+    saved_at = ("on %s (`%s`)" % (line_ref(save), save.location.source)
                 if save is not None and save.location else "before the recorded block")
     after = "backward() raised" if cp.kind == "backward" and _backward_failed(trace, cp) else "backward() will raise"
     if kind == "saved-tensor-modified":
         if culprit is not None:
-            what = "%s then changed it in place with %s" % (_where(culprit[0]), _describe_write(culprit[0]))
+            what = "%s then changed it in place with %s" % (where(culprit[0]), describe_write(culprit[0]))
         else:
             what = "it was then changed in place outside the recorded code"
         message = (
@@ -194,15 +188,15 @@ def _saved_diagnosis(trace, kind, cp: Checkpoint, slot: SavedSlot, node, saved_o
             "%s \"one of the variables needed for gradient computation has been modified by an inplace "
             "operation\": the gradient needs the value `%s` had when it was saved."
             % (name, node_name, saved_at, slot.saved_version, what, slot.current_version, after, name))
-        fix = _inplace_fix(trace, culprit[0] if culprit else None, name, save)
+        fix = inplace_fix(trace, culprit[0] if culprit else None, name, save)
     else:
         alias = trace.tensor_label(culprit[1]) if culprit is not None else "an alias"
         message = (
             "`%s` was saved for backward by %s, created %s. %s then overwrote its memory through `%s`, "
             "an alias made with `.data`, which has a version counter of its own: PyTorch cannot see the write, "
             "so backward() raises no error but computes the gradients from the new values. The gradients "
-            "are silently wrong." % (name, node_name, saved_at, _where(culprit[0]), alias))
-        fix = _data_fix(trace, culprit, name, save)
+            "are silently wrong." % (name, node_name, saved_at, where(culprit[0]), alias))
+        fix = data_fix(trace, culprit, name, save)
     diag = _diag(trace, kind, culprit[0] if culprit else None, message, fix, tensor=(
         trace.tensors[affected].name if affected is not None and affected in trace.tensors else None),
         tids=tuple(t for t in (affected, culprit[1] if culprit else None) if t is not None))
@@ -258,12 +252,8 @@ def _accumulated_graphs(trace: Trace) -> List[Diagnosis]:
             "`%s` still holds the autograd graphs of %d iterations that were already backpropagated: %s adds "
             "`%s` as a tensor, which links its whole graph into `%s`. Nothing will ever backpropagate through "
             "them, but none can be freed, so memory grows with every iteration."
-            % (name, len(backward_runs), _where(op), linked_name, name))
-        src = op.location.source if op.location else ""
-        fixed = _replace_name(src, linked_name, linked_name + ".item()") if src and linked is not None else ""
-        fix = ("Accumulate a Python number instead of the tensor: `%s`" % fixed if fixed and fixed != src
-               else "Accumulate `%s.item()` (a Python number) or `%s.detach()` instead of the tensor."
-               % (linked_name, linked_name))
+            % (name, len(backward_runs), where(op), linked_name, name))
+        fix = accumulation_fix(op.location.source if op.location else "", linked_name, linked is not None)
         out.append(_diag(trace, "accumulated-graph", op, message, fix, tensor=info.name,
                          tids=(info.tid,) + ((linked,) if linked is not None else ())))
         out[-1].node_key, out[-1].node = key, nodes[key].name
@@ -289,126 +279,3 @@ def _diag(trace, kind, op, message, fix, tensor=None, tids=()) -> Diagnosis:
     return Diagnosis(kind=kind, message=message, fix=fix, filename=loc.filename if loc else None,
                      line=loc.line if loc else None, source=loc.source if loc else "", tensor=tensor,
                      op_index=op.index if op is not None else None, tids=tuple(tids))
-
-
-def _line_ref(op: OpRecord) -> str:
-    return "line %d" % op.location.line if op.location else "an unknown line"
-
-
-def _where(op: OpRecord) -> str:
-    if op.location is None:
-        return "An operation"
-    return "Line %d (`%s`)" % (op.location.line, op.location.source) if op.location.source else \
-        "Line %d" % op.location.line
-
-
-def _describe_write(op: OpRecord) -> str:
-    name = op.name
-    short = name.split(".")[-1]
-    if short == "__setitem__":
-        return "an indexed assignment (`t[...] = ...`)"
-    if short.startswith("__i") and short.endswith("__"):
-        return "an augmented assignment (`%s`)" % _AUG.get(short, short)
-    if short.endswith("_"):
-        return "`%s`" % name
-    return "`%s(..., inplace=True)`" % name if name.startswith("F.") else "`%s` (which writes to its input)" % name
-
-
-_AUG = {"__iadd__": "+=", "__isub__": "-=", "__imul__": "*=", "__itruediv__": "/=", "__ipow__": "**=",
-        "__ifloordiv__": "//=", "__imod__": "%=", "__iand__": "&=", "__ior__": "|=", "__ixor__": "^=",
-        "__imatmul__": "@=", "__ilshift__": "<<=", "__irshift__": ">>="}
-
-
-def _inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[OpRecord]) -> str:
-    if op is None:
-        return "Write to a copy (`%s = %s.clone()`) instead of the saved tensor." % (name, name)
-    src = op.location.source if op.location else ""
-    before = (" Or, if the new values were meant to be used, make the change before %s." % _line_ref(save)
-              if save is not None and save.location else "")
-    rewritten = out_of_place(src)
-    if rewritten:
-        return "Use the out-of-place form, which leaves the saved value intact:\n    %s\n%s" % (rewritten, before.strip())
-    if src and "[" in src.split("=")[0] and "=" in src:
-        target = src.split("[", 1)[0].strip()
-        return ("Write to a copy, so the saved tensor keeps its value:\n    %s = %s.clone()\n    %s\n%s"
-                % (target, target, src, before.strip()))
-    short = op.name.split(".")[-1]
-    if "step" in src or "optim" in op.name:
-        return ("The optimizer changed parameters that a graph still needs. Call backward() for every loss that "
-                "uses them before optimizer.step(), or run the forward pass again after the step (in GAN "
-                "training: compute the generator's loss after the discriminator's step, or detach it).")
-    if not short.endswith("_") and op.name.startswith("F."):
-        return ("%s runs `%s(..., inplace=True)` inside this call. Use its out-of-place form "
-                "(e.g. `nn.%s(inplace=False)` or `inplace=False`).%s"
-                % (_where(op), op.name, _module_name(short), before))
-    return ("%s changes the saved tensor in place with %s. Use the out-of-place form of that operation, "
-            "or `.clone()` the tensor before changing it.%s" % (_where(op), _describe_write(op), before))
-
-
-def _module_name(fn: str) -> str:
-    return {"relu": "ReLU", "leaky_relu": "LeakyReLU", "elu": "ELU", "selu": "SELU", "celu": "CELU",
-            "hardtanh": "Hardtanh", "relu6": "ReLU6", "dropout": "Dropout", "silu": "SiLU",
-            "hardswish": "Hardswish", "hardsigmoid": "Hardsigmoid", "threshold": "Threshold",
-            "mish": "Mish", "rrelu": "RReLU", "alpha_dropout": "AlphaDropout"}.get(fn, fn)
-
-
-def _data_fix(trace: Trace, culprit, name: str, save: Optional[OpRecord]) -> str:
-    alias = trace.tensor_label(culprit[1]) if culprit else "the alias"
-    made = None
-    if culprit is not None:
-        info = trace.tensors.get(culprit[1])
-        while info is not None and info.data_alias_of is None and info.base is not None:
-            info = trace.tensors.get(info.base)
-        if info is not None and info.created_by is not None:
-            made = trace.ops[info.created_by]
-    where = (" (made on %s: `%s`)" % (_line_ref(made), made.location.source)
-             if made is not None and made.location else "")
-    moved = " or make the change before %s," % _line_ref(save) if save is not None and save.location else ""
-    return ("Never write through `.data` into a tensor that backward still needs. Use `.detach()` instead of "
-            "`.data` for `%s`%s, so PyTorch checks the write; then write to a copy (`%s.detach().clone()`),%s "
-            "or do the update after backward()." % (alias, where, name, moved))
-
-
-def out_of_place(src: str) -> Optional[str]:
-    """The out-of-place form of a line that writes in place, or None when there is no simple one.
-
-    `y += 1` -> `y = y + 1`; `x.add_(b)` -> `x = x.add(b)`; `nn.ReLU(inplace=True)` -> inplace=False.
-    """
-    try:
-        tree = ast.parse(src)
-    except SyntaxError:
-        return None
-    if len(tree.body) != 1:
-        return None
-    stmt = tree.body[0]
-    if isinstance(stmt, ast.AugAssign) and not isinstance(stmt.target, ast.Subscript):
-        target = ast.unparse(stmt.target)
-        return "%s = %s %s %s" % (target, target, _OPS.get(type(stmt.op), "?"), ast.unparse(stmt.value))
-    if "inplace=True" in src:
-        return src.replace("inplace=True", "inplace=False")
-    if isinstance(stmt, (ast.Expr, ast.Assign)):
-        call = stmt.value
-        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr.endswith("_") \
-                and not call.func.attr.startswith("_"):
-            receiver = ast.unparse(call.func.value)
-            new_call = "%s.%s(%s)" % (receiver, call.func.attr[:-1], ", ".join(
-                [ast.unparse(a) for a in call.args] + [ast.unparse(k) for k in call.keywords]))
-            if isinstance(stmt, ast.Expr) and re.fullmatch(r"[\w.]+", receiver):
-                return "%s = %s" % (receiver, new_call)
-            if isinstance(stmt, ast.Assign):
-                return "%s = %s" % (" = ".join(ast.unparse(t) for t in stmt.targets), new_call)
-    return None
-
-
-_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**", ast.FloorDiv: "//",
-        ast.Mod: "%", ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^",
-        ast.LShift: "<<", ast.RShift: ">>"}
-
-
-def _replace_name(src: str, name: str, replacement: str) -> str:
-    if not re.fullmatch(r"[A-Za-z_]\w*", name or ""):
-        return ""
-    head, sep, tail = src.partition("+=")
-    if sep:
-        return head + sep + re.sub(r"\b%s\b" % re.escape(name), replacement, tail)
-    return re.sub(r"(?<![\w.])%s\b(?!\s*=[^=])" % re.escape(name), replacement, src)

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-PROBLEM_KINDS = ("leaf-inplace", "saved-tensor-modified", "silent-data-mutation", "accumulated-graph")
+PROBLEM_KINDS = ("leaf-inplace", "saved-tensor-modified", "silent-data-mutation", "accumulated-graph",
+                 "graph-freed", "graph-cut", "missing-grad", "nan-gradient")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,11 @@ class Diagnosis:
         what = {"leaf-inplace": "In-place change of a leaf that requires grad",
                 "saved-tensor-modified": "A tensor saved for backward was modified in place",
                 "silent-data-mutation": "Silent gradient corruption through .data",
-                "accumulated-graph": "Graphs accumulated across iterations"}[self.kind]
+                "accumulated-graph": "Graphs accumulated across iterations",
+                "graph-freed": "Backward through a graph that an earlier backward freed",
+                "graph-cut": "The loss is cut off from everything that requires grad",
+                "missing-grad": "A tensor you train gets no gradient",
+                "nan-gradient": "NaN or Inf gradient from a finite forward pass"}.get(self.kind, self.kind)
         return what + (" (`%s`)" % self.tensor if self.tensor else "")
 
 

@@ -13,7 +13,7 @@ import torch
 
 import jupyter_autograd as ja
 
-PROBLEM_KINDS = {"leaf-inplace", "saved-tensor-modified", "silent-data-mutation", "accumulated-graph"}
+from jupyter_autograd.model import PROBLEM_KINDS  # noqa: E402
 PREDICTABLE = {"saved-tensor-modified", "silent-data-mutation"}
 
 
