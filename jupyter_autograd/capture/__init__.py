@@ -28,9 +28,16 @@ class capture:
     Inside a function on Python < 3.13, names of locals come from the assignment that made
     each tensor (`h = x.exp()`), because reading a running function's locals would keep its
     tensors alive; pass `namespace=locals()` to name the others (modules' parameters too).
+
+    check_nan: watch every backward node of the block and name the first one that turns finite
+    gradients into NaN or Inf, with the forward line and the input values that caused it
+    (slower backward; without it, non-finite gradients of leaves are still reported, cheaply).
     """
 
-    def __init__(self, namespace: Optional[Iterable[dict]] = None):
+    def __init__(self, namespace: Optional[Iterable[dict]] = None, check_nan: bool = False):
+        if not isinstance(check_nan, bool):
+            raise TypeError("capture(check_nan=...) takes True or False, got %r" % (check_nan,))
+        self._check_nan = check_nan
         if isinstance(namespace, dict):
             namespace = [namespace]
         if namespace is not None and not (isinstance(namespace, (list, tuple))
