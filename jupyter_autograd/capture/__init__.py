@@ -60,7 +60,7 @@ class capture:
             # Entering a second mode would record everything twice: share the outer recorder.
             self._recorder = self._outer
             return self.trace
-        self._recorder = Recorder()
+        self._recorder = Recorder(check_nan=self._check_nan)
         self._recorder.__enter__()
         _state.recorder = self._recorder
         install_function_hook()
@@ -104,10 +104,10 @@ def _hide_own_frames(exc: BaseException) -> None:
     """Unlink the recorder's frame from the user's traceback, so it reads as without us."""
     from .recorder import Recorder
 
-    own = Recorder.__torch_function__.__code__
+    own = {Recorder.__torch_function__.__code__, Recorder._backward_call.__code__}
     tb, prev = exc.__traceback__, None
     while tb is not None:
-        if tb.tb_frame.f_code is own:
+        if tb.tb_frame.f_code in own:
             if prev is None:
                 exc.__traceback__ = tb.tb_next
             else:

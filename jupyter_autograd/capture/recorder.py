@@ -88,8 +88,9 @@ def remove_function_hook():
 
 
 class Recorder(TorchFunctionMode):
-    def __init__(self):
+    def __init__(self, check_nan=False):
         super().__init__()
+        self.check_nan = check_nan     # watch backward nodes for the first non-finite gradient
         self.ops = []
         self.tensor_meta = []          # per tid: (shape, dtype, device, requires_grad, is_leaf, created_by, base tid, data alias of)
         self.tid_of = {}               # id(tensor) -> tid (check refs: ids are reused)
@@ -114,11 +115,11 @@ class Recorder(TorchFunctionMode):
             kwargs = {}
         if self.off is not None or (type(func) is _GETTER_TYPE and func != _DATA_GETTER) or _is_compiling():
             return func(*args, **kwargs)
+        if func in _BACKWARD_FUNCS:
+            return self._backward_call(func, args, kwargs)
         try:
             tensors = _tensors_in(args, kwargs)
             before = tuple([t._version for t in tensors])
-            if func in _BACKWARD_FUNCS:
-                self._checkpoint_before_backward(func, args, kwargs)
             seq = _next_seq()
         except Exception as exc:  # never let the tool break the user's call
             self._fail(exc)
@@ -218,6 +219,31 @@ class Recorder(TorchFunctionMode):
         self.failure = self.off = "%s: %s" % (type(exc).__name__, exc)
 
     # -- backward calls -------------------------------------------------------------------------
+    def _backward_call(self, func, args, kwargs):
+        """backward() and autograd.grad(): inspect the graph first, then run and record the call."""
+        __tracebackhide__ = True  # noqa: F841
+        try:
+            tensors = _tensors_in(args, kwargs)
+            before = tuple([t._version for t in tensors])
+            self._checkpoint_before_backward(func, args, kwargs)
+            seq = _next_seq()
+        except Exception as exc:  # never let the tool break the user's call
+            self._fail(exc)
+            return func(*args, **kwargs)
+        try:
+            result = func(*args, **kwargs)
+        except BaseException as exc:
+            try:
+                self._record(func, tensors, before, None, exc, seq)
+            except Exception as inner:
+                self._fail(inner)
+            raise
+        try:
+            self._record(func, tensors, before, result, None, seq)
+        except Exception as exc:
+            self._fail(exc)
+        return result
+
     def _checkpoint_before_backward(self, func, args, kwargs):
         """Inspect the graph about to be run: the diagnosis must exist even if backward raises."""
         if func is torch.autograd.grad:
