@@ -42,6 +42,10 @@ class TensorInfo:
     node: Optional[int] = None           # key of its grad_fn node at the end of the block
     version: Optional[int] = None        # its version counter at the end of the block
     grad: Optional[str] = None           # summary of .grad at the end of the block
+    first_requires_grad: bool = False    # requires_grad when first seen (made, or first used)
+    owner: Optional[str] = None          # for a parameter: the outermost module called in the block that holds it
+    optimized: bool = False              # a parameter of an optimizer that stepped in the block
+    nonfinite_after: Optional[int] = None  # the first backward call after which its gradient held NaN/Inf
 
     @property
     def label(self) -> str:
@@ -80,6 +84,7 @@ class SavedSlot:
     freed: bool                          # buffers already released by an earlier backward
     byte_range: Optional[Tuple[int, int]] = None
     is_output: bool = False
+    hooked: bool = False                 # packed by a saved-tensor hook (checkpointing, save_on_cpu): not checked
 
 
 @dataclass(slots=True)
@@ -100,6 +105,9 @@ class Checkpoint:
     kind: str                            # "backward" or "end"
     roots: List[int] = field(default_factory=list)
     slots: List[SavedSlot] = field(default_factory=list)
+    inputs: List[int] = field(default_factory=list)  # node keys backward differentiates for (autograd.grad inputs)
+    input_tids: List[int] = field(default_factory=list)  # the tensors behind those keys, in the call's order
+    retain: bool = True                  # the backward call keeps the graph's buffers (retain_graph)
 
 
 @dataclass(slots=True)
@@ -152,6 +160,8 @@ class Trace:
     notes: List[str] = field(default_factory=list)     # things the tool did that the user may want to know
     sources: Dict[str, List[str]] = field(default_factory=dict)  # filename -> lines, for display
     modules: Dict[str, str] = field(default_factory=dict)  # dotted module name -> class name
+    # With check_nan: {"backward": op index, "node": key, "name": node name, "facts": what its saved inputs held}
+    nan_origin: Optional[Dict[str, Any]] = field(default_factory=lambda: None)
 
     # -- built on first use -------------------------------------------------------------------
     def _defer(self, build) -> None:

@@ -5,16 +5,18 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED_SCENARIOS = ROOT.parent / "shared" / "scenarios"
+SHARED_ERROR_SCENARIOS = ROOT.parent / "shared" / "scenarios-errors"
 OWN_SCENARIOS = ROOT / "tests" / "scenarios"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def scenario_files():
     files = sorted(OWN_SCENARIOS.glob("*.py"))
-    if SHARED_SCENARIOS.is_dir():
-        files += sorted(SHARED_SCENARIOS.glob("*.py"))
-    elif IN_CI:
-        raise RuntimeError("CI must run the shared scenario corpus, but %s does not exist" % SHARED_SCENARIOS)
+    for corpus in (SHARED_SCENARIOS, SHARED_ERROR_SCENARIOS):
+        if corpus.is_dir():
+            files += sorted(corpus.glob("*.py"))
+        elif IN_CI:
+            raise RuntimeError("CI must run the shared scenario corpus, but %s does not exist" % corpus)
     return files
 
 

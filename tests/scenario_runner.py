@@ -5,6 +5,7 @@ scenarios in tests/scenarios/ and the shared corpus are held to one standard.
 """
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set
@@ -26,6 +27,7 @@ class Scenario:
     outcome: List[str]
     culprit: Optional[int]
     saved: Set[int] = field(default_factory=set)
+    options: Dict[str, object] = field(default_factory=dict)  # `# capture: NAME=VALUE ...`
 
 
 def load(path: str) -> Scenario:
@@ -46,7 +48,11 @@ def load(path: str) -> Scenario:
                 saved.add(i)
     kind = None if not expect or expect[0] == "none" else expect[0]
     opts = dict(x.split("=", 1) for x in (expect or [])[1:] if "=" in x)
-    return Scenario(path, src, kind, opts.get("tensor"), outcome or [], culprit, saved)
+    options = {}
+    m = re.search(r"^#\s*capture:\s*(.*)$", src, re.M)
+    if m:
+        options = {k: ast.literal_eval(v) for k, v in (x.split("=", 1) for x in m.group(1).split() if "=" in x)}
+    return Scenario(path, src, kind, opts.get("tensor"), outcome or [], culprit, saved, options)
 
 
 def without_final_backward(sc: Scenario) -> Optional[str]:
@@ -72,14 +78,14 @@ def grads(ns: dict) -> Dict[str, list]:
     return out
 
 
-def execute(source: str, filename: str, captured: bool):
+def execute(source: str, filename: str, captured: bool, options: Optional[dict] = None):
     torch.manual_seed(1234)
     ns = {"__name__": "__main__", "__file__": filename}
     code = compile(source, filename, "exec")
     exc, trace = None, None
     try:
         if captured:
-            with ja.capture() as trace:
+            with ja.capture(**(options or {})) as trace:
                 exec(code, ns)
         else:
             exec(code, ns)
@@ -90,14 +96,23 @@ def execute(source: str, filename: str, captured: bool):
 
 def close(a: dict, b: dict) -> bool:
     return set(a) == set(b) and all(
-        len(a[k]) == len(b[k]) and all(abs(x - y) <= 1e-6 * (1 + abs(y)) for x, y in zip(a[k], b[k])) for k in a)
+        len(a[k]) == len(b[k]) and all(same_number(x, y) for x, y in zip(a[k], b[k])) for k in a)
+
+
+def same_number(x: float, y: float) -> bool:
+    """Equal within float noise; two NaNs, or two infinities of one sign, count as equal."""
+    if x != x or y != y:
+        return x != x and y != y
+    if abs(x) == float("inf") or abs(y) == float("inf"):
+        return x == y
+    return abs(x - y) <= 1e-6 * (1 + abs(y))
 
 
 def judge(sc: Scenario, source: Optional[str] = None, expect_no_exception: bool = False) -> str:
     """Raise AssertionError with a reason, or return a short description of what was found."""
     source = source or sc.source
     plain_exc, plain_grads, _ = execute(source, sc.path, captured=False)
-    exc, got_grads, trace = execute(source, sc.path, captured=True)
+    exc, got_grads, trace = execute(source, sc.path, captured=True, options=sc.options)
     assert exc == plain_exc, "capture changed the outcome: plain=%s captured=%s" % (plain_exc, exc)
     assert close(got_grads, plain_grads), "capture changed the gradients"
     if expect_no_exception:

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from . import scenario_runner as runner
-from .conftest import SHARED_SCENARIOS, scenario_files
+from .conftest import SHARED_ERROR_SCENARIOS, SHARED_SCENARIOS, scenario_files
 
 FILES = scenario_files()
 
@@ -29,7 +29,7 @@ def test_scenario_predicted_before_backward(path):
 
 def test_corpus_covers_every_kind():
     kinds = {runner.load(str(p)).kind for p in FILES}
-    assert kinds >= runner.PREDICTABLE | {"leaf-inplace", "accumulated-graph", None}
+    assert kinds >= set(runner.PROBLEM_KINDS) | {None}
 
 
 if SHARED_SCENARIOS.is_dir():
@@ -37,7 +37,8 @@ if SHARED_SCENARIOS.is_dir():
         """The project's contract as the shared tool checks it, in fresh processes."""
         script = SHARED_SCENARIOS.parent / "tools" / "check_scenarios.py"
         env = dict(os.environ, SCENARIO_PYTHON=sys.executable)
-        proc = subprocess.run([sys.executable, str(script), "--predict", str(SHARED_SCENARIOS)],
+        corpora = [str(c) for c in (SHARED_SCENARIOS, SHARED_ERROR_SCENARIOS) if c.is_dir()]
+        proc = subprocess.run([sys.executable, str(script), "--predict", *corpora],
                               capture_output=True, text=True, env=env, timeout=900)
         last = proc.stdout.strip().splitlines()[-1]
         assert proc.returncode == 0 and " 0 failed" in last, proc.stdout[-3000:] + proc.stderr[-2000:]

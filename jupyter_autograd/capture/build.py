@@ -12,6 +12,7 @@ import torch
 
 from ..model import Checkpoint, GraphNode, Location, OpRecord, SavedSlot, TensorInfo, Trace
 from . import graph as graph_snapshot
+from . import nan_watch
 from .recorder import (_BACKWARD_FUNCS, _DATA_GETTER, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD, OP_IN, OP_LINE,
                        OP_OUT, OP_SEQ, OP_VA, OP_VB, OP_WR)
 
@@ -76,10 +77,82 @@ def freeze(recorder, namespaces: Iterable[dict]):
                           None if fn is None else fn.name().rpartition("::")[2],
                           None if fn is None else graph_snapshot.node_key(fn, recorder), ref, t._version)
     names, module_names = _namespace_names(recorder, namespaces)
+    _name_outermost_modules(recorder, module_names)
+    for t_id, (owner, dotted) in _module_parameters(recorder, module_names).items():
+        names.setdefault(t_id, dotted)
+        recorder.param_owner[t_id] = owner
     _name_module_paths(recorder, module_names)
     recorder.user_globals = {}  # never hold the user's namespaces (or modules) past the block
     recorder.modules = {}
+    recorder.nonfinite = {}
+    for index, flags in recorder.gradient_flags:
+        for t_id in nan_watch.read_flags(flags):
+            recorder.nonfinite.setdefault(t_id, index)
+    recorder.gradient_flags = []
     return live, names
+
+
+def _outermost_modules(recorder):
+    """The modules called from user code (the first of each op's module path), in call order."""
+    seen = {}
+    for index, path in recorder.op_modules.items():
+        if path and id(path[0]) not in seen:
+            seen[id(path[0])] = (path[0], index)
+    return list(seen.values())
+
+
+def _name_outermost_modules(recorder, module_names):
+    """A module that no namespace names (a model made inside a function) goes by the callee of the
+    line that called it, when that line calls exactly one thing that can be a module:
+    `logits = model(x)` names it `model`, `h = self.encoder(x)` `self.encoder`."""
+    for module, index in _outermost_modules(recorder):
+        if id(module) in module_names:
+            continue
+        rec = recorder.ops[index]
+        code, line = rec[OP_CODE], rec[OP_LINE]
+        callee = _single_callee(linecache.getline(code.co_filename, line).strip()) if code is not None else None
+        if callee:
+            module_names[id(module)] = callee
+            for name, sub in module.named_modules():
+                if name:
+                    module_names.setdefault(id(sub), "%s.%s" % (callee, name))
+
+
+_NOT_MODULES = {"torch", "F", "nn", "np", "math", "len", "print", "float", "int", "sum", "max", "min", "abs",
+                "list", "tuple", "range", "zip", "enumerate", "isinstance", "super", "str", "repr", "dict"}
+
+
+def _single_callee(text: str) -> Optional[str]:
+    try:
+        tree = ast.parse(_without_comment(text))
+    except SyntaxError:
+        return None
+    callees = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func, parts = node.func, []
+            while isinstance(func, ast.Attribute):
+                parts.append(func.attr)
+                func = func.value
+            if isinstance(func, ast.Name) and func.id not in _NOT_MODULES:
+                callees.append(".".join([func.id] + parts[::-1]))
+    candidates = [c for c in callees if not c.rpartition(".")[2].endswith("_")]
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def _module_parameters(recorder, module_names):
+    """tid -> (outermost module's name, dotted parameter name) for every parameter of the modules
+    called in the block, used or not (an unused one is information for the report)."""
+    out = {}
+    for module, _ in _outermost_modules(recorder):
+        owner = module_names.get(id(module)) or type(module).__name__
+        try:
+            named = list(module.named_parameters())
+        except Exception:
+            continue
+        for pname, p in named:
+            out.setdefault(recorder._tid(p), (owner, "%s.%s" % (owner, pname)))
+    return out
 
 
 def _name_module_paths(recorder, module_names):
@@ -116,6 +189,9 @@ def build_trace(recorder, live, names, error: Optional[str] = None) -> Trace:
         _ops(recorder, trace, locations)
         _graph(recorder, trace)
         _names(trace, names)
+        if recorder.nan_origin is not None:
+            backward, key, name, facts = recorder.nan_origin
+            trace.nan_origin = {"backward": backward, "node": key, "name": name, "facts": facts}
         return trace
     finally:
         if enabled:
@@ -155,15 +231,28 @@ def _tensors(recorder, trace, live):
         shape, dtype, device, requires_grad, is_leaf, created_by, base, alias_of = meta
         dtype_name = names.get(dtype) or names.setdefault(dtype, str(dtype).replace("torch.", ""))
         device_name = names.get(device) or names.setdefault(device, str(device))
-        info = TensorInfo(tid=t_id, shape=tuple(shape), dtype=dtype_name,
+        info = TensorInfo(tid=t_id, shape=_plain_shape(shape), dtype=dtype_name,
                           device=device_name, requires_grad=bool(requires_grad), is_leaf=bool(is_leaf),
-                          created_by=created_by, base=base, data_alias_of=alias_of)
+                          created_by=created_by, base=base, data_alias_of=alias_of,
+                          first_requires_grad=bool(requires_grad), owner=recorder.param_owner.get(t_id),
+                          optimized=t_id in recorder.optimized, nonfinite_after=recorder.nonfinite.get(t_id))
         if t_id in live:
             info.alive = True
             info.requires_grad, info.is_leaf, info.grad_fn, info.node, ref, info.version = live[t_id]
             t = ref()
             info.grad = _grad_summary(t) if t is not None else None
         trace.tensors[t_id] = info
+
+
+def _plain_shape(shape) -> tuple:
+    """Sizes as ints; a symbolic size (a nested tensor's ragged dimension) as its text."""
+    out = []
+    for size in shape:
+        try:
+            out.append(int(size))
+        except Exception:
+            out.append(str(size))
+    return tuple(out)
 
 
 def _grad_summary(t) -> Optional[str]:
@@ -173,10 +262,19 @@ def _grad_summary(t) -> Optional[str]:
         return None
     if g is None:
         return None
-    flat = g.detach().reshape(-1)[:6].tolist()
-    values = ", ".join("%.4g" % v for v in flat)
+    try:
+        flat = g.detach().reshape(-1)[:6].tolist()
+    except Exception:  # layouts without a flat view (sparse, nested)
+        return "tensor(shape=%s, layout=%s)" % (_plain_shape(g.shape), str(g.layout).replace("torch.", ""))
+    values = ", ".join(_number(v) for v in flat)
     more = ", ..." if g.numel() > 6 else ""
-    return "tensor([%s%s]) shape=%s" % (values, more, tuple(g.shape))
+    return "tensor([%s%s]) shape=%s" % (values, more, _plain_shape(g.shape))
+
+
+def _number(v) -> str:
+    if isinstance(v, complex):
+        return "%.4g%+.4gj" % (v.real, v.imag)
+    return "%.4g" % v if isinstance(v, float) else str(v)
 
 
 def _ops(recorder, trace, locations):
@@ -230,8 +328,9 @@ def _graph(recorder, trace):
             if key in trace.nodes:
                 info.grad_fn = trace.nodes[key].name
     latest: Dict[tuple, SavedSlot] = {}
-    for op_index, kind, roots, raw_slots in recorder.checkpoints:
-        cp = Checkpoint(op_index=op_index, kind=kind, roots=list(roots))
+    for op_index, kind, roots, raw_slots, inputs, retain in recorder.checkpoints:
+        cp = Checkpoint(op_index=op_index, kind=kind, roots=list(roots), inputs=[k for _, k in inputs],
+                        input_tids=[t for t, _ in inputs], retain=retain)
         for raw in raw_slots:
             slot = SavedSlot(*raw)
             slot.shape = tuple(slot.shape)

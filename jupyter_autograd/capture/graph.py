@@ -38,12 +38,15 @@ def saved_names(node):
     return names
 
 
-def take(recorder, roots, op_index, kind):
-    """Walk the graph from root tensors (or nodes); return (op_index, kind, root keys, slots).
+def take(recorder, roots, op_index, kind, inputs=(), retain=True):
+    """Walk the graph from root tensors (or nodes); return (op_index, kind, root keys, slots,
+    input keys, retain).
 
     Node structure is merged into recorder.graph_nodes: key -> [name, input keys, leaf tid,
     backward op indices that ran it, op index of the last checkpoint that saw it]. Slots are tuples:
-    (node key, slot, tid, shape, dtype, saved_version, current_version, stale, freed, byte range, is_output).
+    (node key, slot, tid, shape, dtype, saved_version, current_version, stale, freed, byte range,
+    is_output, hooked). `inputs` are the tensors a backward call differentiates for (autograd.grad's
+    inputs, backward's inputs=); `retain` says whether that call keeps the graph's buffers.
     """
     nodes = recorder.graph_nodes
     stack, root_keys, held = [], [], {}
@@ -52,7 +55,7 @@ def take(recorder, roots, op_index, kind):
         if fn is not None:
             stack.append(fn)
             root_keys.append(node_key(fn, recorder))
-    slots = []
+    slots, leaves = [], []
     by_pointer = _PointerIndex(recorder)
     backward = op_index if kind == "backward" else None
     last_write = recorder.last_write
@@ -74,6 +77,8 @@ def take(recorder, roots, op_index, kind):
             entry[4] = op_index
         if backward is not None and backward not in entry[3]:
             entry[3].append(backward)
+        if entry[2] is not None:
+            leaves.append(entry[2])
         for c in children:
             if c is not None and id(c) not in held:
                 stack.append(c)
@@ -82,12 +87,26 @@ def take(recorder, roots, op_index, kind):
             made_by = None if key < 0 else recorder.op_of_seq(key)
             # Only a write after the node was made can have changed what it saved.
             check = made_by is None or last_write > made_by
+            # An empty slot is freed if a backward that did not retain the graph ran this node
+            # before; otherwise it was never saved (its input needed no gradient).
+            ran_before = any(b < op_index and not recorder.retained.get(b, False) for b in entry[3])
             for name, raw_attr, check_attr in names:
-                slots.extend(_slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check))
+                slots.extend(_slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check,
+                                       ran_before))
     if len(held) > DEEP_GRAPH:
         _allow_deep_graph_deletion()
+    if backward is not None:
+        recorder.walked_leaves = leaves
+        if recorder.check_nan:
+            recorder.walked_nodes = list(held.values())
     held.clear()
-    return (op_index, kind, root_keys, slots)
+    input_keys = []
+    for t in inputs:
+        fn = t.grad_fn
+        tid = recorder._tid(t)
+        # A leaf's key is the one its AccumulateGrad node gets.
+        input_keys.append((tid, node_key(fn, recorder) if fn is not None else -1 - tid))
+    return (op_index, kind, root_keys, slots, input_keys, retain)
 
 
 DEEP_GRAPH = 20_000
@@ -111,22 +130,30 @@ def _allow_deep_graph_deletion():
 STACK_RAISED = [None]  # (old, new) soft stack limit, once raised
 
 
-def _slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check=True):
+def _slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check=True, ran_before=False):
     try:
         raw = getattr(fn, raw_attr)
     except RuntimeError:  # lists of saved tensors raise once an earlier backward freed them
-        return [(key, name, None, (), "", None, None, False, True, None, False)]
+        return [(key, name, None, (), "", None, None, False, True, None, False, False)]
     if isinstance(raw, (list, tuple)):
         items = [("%s[%d]" % (name, i), r) for i, r in enumerate(raw)]
     else:
         items = [(name, raw)]
     stale, versions = None, None
     out = []
+    hooked = any(saved.unpack_hook is not None for _, saved in items)
     for slot, saved in items:
+        if hooked:
+            # Packed by a saved-tensor hook (checkpointing, save_on_cpu, the user's own): checking
+            # it would run the unpack hook, which may recompute a forward or be single-use.
+            # PyTorch checks such tensors when it unpacks them; we never do.
+            out.append((key, slot, None, (), "", None, None, False, False, None, False, True))
+            continue
         data = saved.data
         if data is None:
-            out.append((key, slot, None, (), "", None, None, False, True, None, False))
-            continue
+            if ran_before:
+                out.append((key, slot, None, (), "", None, None, False, True, None, False, False))
+            continue  # never saved: that input needed no gradient
         if stale is None:
             stale, versions = _check(fn, check_attr) if check else (False, None)
         t_id = recorder.known(data)
@@ -143,7 +170,7 @@ def _slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check=T
         current = data._version
         saved_version = versions[1] if stale and versions else current
         out.append((key, slot, t_id, data.shape, data.dtype, saved_version, current, bool(stale), False,
-                    byte_range(data) if check else None, is_output))
+                    byte_range(data) if check else None, is_output, False))
     return out
 
 
@@ -215,6 +242,8 @@ def byte_range(t):
     """The bytes of memory a tensor spans (start, end): overlap finds writes through any alias."""
     try:
         start = t.data_ptr()
+        if start == 0 or t.device.type == "meta":
+            return None  # no real storage (meta tensors, empty allocations): nothing to overlap
         if t.is_contiguous():
             return (start, start + t.nbytes) if t.nbytes else None
         if t.numel() == 0:

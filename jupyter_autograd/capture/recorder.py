@@ -17,6 +17,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import graph as graph_snapshot
+from . import nan_watch
 from .graph import byte_range
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -102,6 +103,14 @@ class Recorder(TorchFunctionMode):
         self.checkpoints = []          # graph snapshots taken before each backward call
         self.names = {}                # tid -> name, from frames seen at backward calls
         self.graph_nodes = {}          # node key -> [name, input keys, leaf tid, backward op indices, last seen]
+        self.retained = {}             # backward op index -> whether that call kept the graph's buffers
+        self.walked_nodes = ()         # grad_fn nodes of the last backward's walk (for check_nan), dropped at once
+        self.walked_leaves = ()        # tids of the leaves that walk reached
+        self.gradient_flags = []       # (backward op index, [(tid, device flag: gradient not finite)])
+        self.nan_origin = None         # with check_nan: where backward first made a NaN/Inf (nan_watch.py)
+        self.nonfinite = {}            # at the end: tid -> index of the first backward that left its grad non-finite
+        self.param_owner = {}          # at the end: parameter tid -> name of the outermost module that holds it
+        self.optimized = set()         # tids of the parameters of optimizers that stepped in the block
         self.failure = None            # why recording stopped, if it did
         self.off = None                # non-None while recording is paused or after a failure
         self.module_path = ()          # the nn.Modules whose forward is running, outermost first
@@ -222,12 +231,20 @@ class Recorder(TorchFunctionMode):
     def _backward_call(self, func, args, kwargs):
         """backward() and autograd.grad(): inspect the graph first, then run and record the call."""
         __tracebackhide__ = True  # noqa: F841
+        watch = None
         try:
             tensors = _tensors_in(args, kwargs)
             before = tuple([t._version for t in tensors])
             self._checkpoint_before_backward(func, args, kwargs)
+            if self.check_nan:
+                watch = nan_watch.NanWatch(self, self.checkpoints[-1][0])
+                watch.attach(self.walked_nodes)
+            self.walked_nodes = ()
             seq = _next_seq()
         except Exception as exc:  # never let the tool break the user's call
+            self.walked_nodes = ()
+            if watch is not None:
+                watch.detach()
             self._fail(exc)
             return func(*args, **kwargs)
         try:
@@ -238,28 +255,51 @@ class Recorder(TorchFunctionMode):
             except Exception as inner:
                 self._fail(inner)
             raise
+        finally:
+            if watch is not None:
+                watch.detach()
         try:
             self._record(func, tensors, before, result, None, seq)
+            self._note_gradients(func, result)
         except Exception as exc:
             self._fail(exc)
         return result
 
+    def _note_gradients(self, func, result):
+        """Flag non-finite gradients of the leaves this backward reached, without a device sync:
+        the flags stay device tensors until the block ends (see build.py)."""
+        index = len(self.ops) - 1
+        grads = []
+        if func is torch.autograd.grad:
+            inputs = self.checkpoints[-1][4]
+            grads = [(tid, g) for (tid, _), g in zip(inputs, result or ()) if isinstance(g, _Tensor)]
+        else:
+            for tid in self.walked_leaves:
+                t = self.refs[tid]()
+                g = None if t is None else t.grad
+                if g is not None and (g.is_floating_point() or g.is_complex()):
+                    grads.append((tid, g))
+        self.walked_leaves = ()
+        if grads:
+            self.gradient_flags.append((index, nan_watch.nonfinite_flags(grads)))
+
     def _checkpoint_before_backward(self, func, args, kwargs):
         """Inspect the graph about to be run: the diagnosis must exist even if backward raises."""
-        if func is torch.autograd.grad:
-            roots = args[0] if args else kwargs.get("outputs")
-        elif func is torch.autograd.backward:
-            roots = args[0] if args else kwargs.get("tensors")
-        else:
-            roots = args[0] if args else kwargs.get("self")
+        call = _bind_backward(func, args, kwargs)
+        roots = call.get("outputs", call.get("tensors", call.get("self")))
         roots = [roots] if isinstance(roots, _Tensor) else list(roots or ())
+        inputs = call.get("inputs")
+        inputs = [inputs] if isinstance(inputs, _Tensor) else [t for t in (inputs or ()) if isinstance(t, _Tensor)]
+        retain = call.get("retain_graph")
+        retain = bool(call.get("create_graph", False)) if retain is None else bool(retain)
+        self.retained[len(self.ops)] = retain
         frame = sys._getframe(2)
         while frame is not None and frame.f_code.co_filename.startswith((_TORCH_DIR, _OWN_DIR)):
             frame = frame.f_back
         names = frame_names(frame)
         if names is not None:
             self.note_names(names)
-        self.checkpoints.append(graph_snapshot.take(self, roots, len(self.ops), "backward"))
+        self.checkpoints.append(graph_snapshot.take(self, roots, len(self.ops), "backward", inputs, retain))
 
     def note_names(self, namespace):
         for name, value in list(namespace.items()):
@@ -267,6 +307,23 @@ class Recorder(TorchFunctionMode):
                 t_id = self.known(value)
                 if t_id is not None:
                     self.names.setdefault(t_id, name)
+
+
+_signatures = {}
+
+
+def _bind_backward(func, args, kwargs):
+    """The arguments of a backward()/autograd.grad() call by parameter name (self, tensors or
+    outputs; inputs; retain_graph; create_graph), whichever way they were passed."""
+    import inspect
+
+    sig = _signatures.get(func)
+    if sig is None:
+        sig = _signatures[func] = inspect.signature(func)
+    try:
+        return sig.bind(*args, **kwargs).arguments
+    except TypeError:  # the call itself is wrong: backward will say so
+        return {}
 
 
 def frame_names(frame):

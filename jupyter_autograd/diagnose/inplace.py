@@ -1,28 +1,19 @@
-"""Rules that turn a Trace into Diagnoses, each with a plain-words message and a concrete fix.
+"""The in-place family: leaf-inplace, saved-tensor-modified, silent-data-mutation, accumulated-graph.
 
-Works on plain data only. The facts the rules rely on were established by the capture with
-PyTorch's own checks (a saved slot is `stale` exactly when backward would raise), so the rules
-only have to find *which* recorded write did it and say so in the user's terms.
+The facts these rules rely on were established by the capture with PyTorch's own checks (a
+saved slot is `stale` exactly when backward would raise), so the rules only have to find *which*
+recorded write did it, and whether a backward will ever run into it, and say so in the user's terms.
 """
 from __future__ import annotations
 
 import bisect
 from typing import Dict, List, Optional, Tuple
 
-from .fixes import accumulation_fix, data_fix, describe_write, inplace_fix, leaf_fix, line_ref, where
-from .model import Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
+from ..fixes import accumulation_fix, data_fix, describe_write, inplace_fix, leaf_fix, line_ref, where
+from ..model import Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
+from .paths import engine_order
 
 _LEAF_ERRORS = ("leaf Variable that requires grad is being used in an in-place operation",)
-_ORDER = {"leaf-inplace": 0, "saved-tensor-modified": 1, "silent-data-mutation": 2, "accumulated-graph": 3}
-
-
-def diagnose(trace: Trace) -> List[Diagnosis]:
-    found = _leaf_inplace(trace) + _saved_tensor_writes(trace) + _accumulated_graphs(trace)
-    # Within a kind, the problem backward meets first comes first (higher node sequence numbers
-    # run earlier in backward).
-    found.sort(key=lambda d: (_ORDER[d.kind], d.op_index if d.kind == "leaf-inplace" else 0,
-                              -(d.node_key or 0)))
-    return found
 
 
 # -- leaf-inplace ---------------------------------------------------------------------------------
@@ -64,12 +55,20 @@ def _leaf_input(trace: Trace, op: OpRecord) -> Optional[int]:
 
 # -- saved-tensor-modified and silent-data-mutation -----------------------------------------------
 
-def _saved_tensor_writes(trace: Trace) -> List[Diagnosis]:
+def _saved_tensor_writes(trace: Trace, ranks: Dict[int, tuple]) -> List[Diagnosis]:
+    """A stale or overwritten saved tensor is a problem where a backward runs (or ran) its node:
+    the nodes of each backward call, and at the end of the block only graphs never
+    backpropagated. `ranks` gets, per diagnosis, when backward meets it (checkpoint, engine step)."""
     found: Dict[Tuple, Diagnosis] = {}
     write_index = _WriteIndex(trace)
-    for cp in trace.checkpoints:
+    for cp_number, cp in enumerate(trace.checkpoints):
+        if cp.kind == "backward":
+            position = {key: i for i, key in enumerate(engine_order(trace, cp))}
+        else:  # the graphs of live tensors that no backward ran from
+            position = {key: -key for key in _reachable(trace, [r for r in cp.roots if r in trace.nodes
+                                                                and not trace.nodes[r].consumed_by])}
         for slot in cp.slots:
-            if slot.freed or slot.byte_range is None:
+            if slot.freed or slot.byte_range is None or slot.node not in position:
                 continue
             node = trace.nodes.get(slot.node)
             saved_op = node.created_by if node is not None else None
@@ -92,13 +91,25 @@ def _saved_tensor_writes(trace: Trace) -> List[Diagnosis]:
                 continue
             affected = slot.tid if slot.tid is not None else (culprit[1] if culprit else None)
             key = (kind, culprit[0].index if culprit else None, affected if affected is not None else slot.node)
-            if key in found and (found[key].node_key or 0) >= slot.node:
+            rank = (cp_number, position[slot.node])
+            if key in found and ranks[id(found[key])] <= rank:
                 continue
             found[key] = _saved_diagnosis(trace, kind, cp, slot, node, saved_op, culprit, affected)
-    return _merge_same_write(list(found.values()))
+            ranks[id(found[key])] = rank
+    return _merge_same_write(trace, list(found.values()), ranks)
 
 
-def _merge_same_write(diagnoses: List[Diagnosis]) -> List[Diagnosis]:
+def _reachable(trace: Trace, roots: List[int]) -> set:
+    seen, stack = set(), list(roots)
+    while stack:
+        key = stack.pop()
+        if key not in seen and key in trace.nodes:
+            seen.add(key)
+            stack.extend(trace.nodes[key].inputs)
+    return seen
+
+
+def _merge_same_write(trace: Trace, diagnoses: List[Diagnosis], ranks: Dict[int, tuple]) -> List[Diagnosis]:
     """One line that breaks many saved tensors (optimizer.step() on a whole model, a write in a
     loop) is one problem: name the tensor backward meets first and list the others."""
     by_write: Dict[Tuple, List[Diagnosis]] = {}
@@ -108,9 +119,9 @@ def _merge_same_write(diagnoses: List[Diagnosis]) -> List[Diagnosis]:
         by_write.setdefault(key, []).append(d)
     merged = []
     for group in by_write.values():
-        group.sort(key=lambda d: -(d.node_key or 0))
+        group.sort(key=lambda d: ranks[id(d)])
         first = group[0]
-        others = [d.tensor or "?" for d in group[1:]]
+        others = [d.tensor or trace.tensor_label(d.tids[0] if d.tids else None) for d in group[1:]]
         if others:
             shown = ", ".join("`%s`" % o for o in others[:6]) + (", ..." if len(others) > 6 else "")
             first.message += " The same write also changed %d more saved tensor%s: %s." % (
@@ -217,59 +228,71 @@ def _backward_failed(trace: Trace, cp: Checkpoint) -> bool:
 # -- accumulated-graph ---------------------------------------------------------------------------
 
 def _accumulated_graphs(trace: Trace) -> List[Diagnosis]:
+    """A line that, again and again, links a graph some backward already consumed into a tensor
+    that chains the previous links and that no backward consumes: `total_loss += loss`. Found in
+    the op stream when it happens, so it is seen inside a function whose tensor is gone by the
+    end. Sharing leaves with a consumed graph (a validation pass) is not accumulation, and
+    neither is a retained graph that a later backward consumes (two losses on one trunk)."""
     nodes = trace.nodes
-    consumed = {k for k, n in nodes.items() if n.consumed_by}
-    if not consumed:
+    consumed_at = {k: min(n.consumed_by) for k, n in nodes.items() if n.consumed_by and n.variable is None}
+    if not consumed_at:
         return []
-    out, reported_ops = [], set()
-    live = sorted((t for t in trace.tensors.values() if t.alive and t.node is not None and t.node not in consumed),
-                  key=lambda t: (t.name is None, t.tid))
-    for info in live:
-        backward_runs, linking, seen, stack = set(), [], set(), [info.node]
-        while stack:
-            key = stack.pop()
-            if key in seen or key not in nodes:
-                continue
-            seen.add(key)
-            for child in nodes[key].inputs:
-                if child in consumed:
-                    backward_runs.update(nodes[child].consumed_by)
-                    linking.append((key, child))
-                elif child not in seen:
-                    stack.append(child)
-        if len(backward_runs) < 2:
+    consumed = set(consumed_at)
+    current: Dict[int, int] = {}        # tid -> key of its grad_fn now, as the ops run
+    links: Dict[object, list] = {}       # location -> [(op, linked tid, consumed key)]
+    made_at: Dict[int, tuple] = {}       # tid -> (location, execution) of the op that made or wrote it
+    chained: Dict[object, int] = {}      # location -> uses of what an earlier execution of the line made
+    execution, previous = 0, None
+    for op in trace.ops:
+        if op.is_backward or op.location is None:
             continue
-        key, child = max(linking)
-        op_index = nodes[key].created_by
-        if op_index is None or op_index in reported_ops:
+        if op.location != previous:  # consecutive ops of one line are one execution of it
+            execution, previous = execution + 1, op.location
+        loc = op.location
+        if any(made_at.get(t, (None, execution))[0] == loc and made_at[t][1] < execution for t in op.inputs):
+            chained[loc] = chained.get(loc, 0) + 1
+        if op.node is not None and op.node not in consumed:
+            for t_id in op.inputs:
+                key = current.get(t_id)
+                if key is not None and key in consumed_at and consumed_at[key] < op.index:
+                    links.setdefault(loc, []).append((op, t_id, key))
+                    break
+        for t_id in op.outputs + op.writes:
+            made_at[t_id] = (loc, execution)
+            if op.node is not None:
+                current[t_id] = op.node
+    out = []
+    for loc, found in links.items():
+        runs = {consumed_at[key] for _, _, key in found}
+        if chained.get(loc, 0) < 1 or len(runs) < 2:
             continue
-        reported_ops.add(op_index)
-        op = trace.ops[op_index]
-        linked = _tensor_with_node(trace, child, op)
-        linked_name = trace.tensor_label(linked) if linked is not None else "the loss"
-        name = info.name or trace.tensor_label(info.tid)
+        op, linked, key = found[-1]
+        name = _assigned_name(trace, op) or trace.tensor_label(op.outputs[0] if op.outputs else None)
+        linked_name = trace.tensors[linked].name if linked in trace.tensors and trace.tensors[linked].name else "the loss"
         message = (
-            "`%s` still holds the autograd graphs of %d iterations that were already backpropagated: %s adds "
-            "`%s` as a tensor, which links its whole graph into `%s`. Nothing will ever backpropagate through "
-            "them, but none can be freed, so memory grows with every iteration."
-            % (name, len(backward_runs), where(op), linked_name, name))
-        fix = accumulation_fix(op.location.source if op.location else "", linked_name, linked is not None)
-        out.append(_diag(trace, "accumulated-graph", op, message, fix, tensor=info.name,
-                         tids=(info.tid,) + ((linked,) if linked is not None else ())))
-        out[-1].node_key, out[-1].node = key, nodes[key].name
+            "`%s` holds the autograd graphs of %d iterations that were already backpropagated: %s adds "
+            "`%s`, a tensor still attached to its graph, so each iteration's whole graph stays linked into `%s`. "
+            "Nothing will ever backpropagate through them, but none can be freed, so memory grows with every "
+            "iteration." % (name, len(runs), where(op), linked_name, name))
+        fix = accumulation_fix(op.location.source if op.location else "", linked_name, linked_name != "the loss")
+        diag = _diag(trace, "accumulated-graph", op, message, fix, tensor=name,
+                     tids=tuple(t for t in (op.outputs[:1] + (linked,)) if t is not None))
+        diag.node_key, diag.node = op.node, nodes[op.node].name if op.node in nodes else None
+        out.append(diag)
     return out
 
 
-def _tensor_with_node(trace: Trace, key: int, op: OpRecord) -> Optional[int]:
-    for t_id in op.inputs:
-        info = trace.tensors.get(t_id)
-        if info is not None and info.node == key:
-            return t_id
-    for t_id in op.inputs:
-        info = trace.tensors.get(t_id)
-        if info is not None and info.requires_grad and info.name:
-            return t_id
-    return None
+def _assigned_name(trace: Trace, op: OpRecord) -> Optional[str]:
+    """The name a line assigns to (`running_loss += loss` -> running_loss), from its source."""
+    import ast
+
+    text = op.location.source if op.location else ""
+    try:
+        stmt = ast.parse(text).body[0]
+    except (SyntaxError, IndexError):
+        return None
+    target = getattr(stmt, "target", None) or (stmt.targets[0] if isinstance(stmt, ast.Assign) else None)
+    return ast.unparse(target) if isinstance(target, (ast.Name, ast.Attribute)) else None
 
 
 # -- wording -----------------------------------------------------------------------------------

@@ -1,0 +1,24 @@
+"""Rules that turn a Trace into Diagnoses, each with a plain-words message and a concrete fix.
+
+Works on plain data only: `inplace` holds the in-place family, `flow` the errors of gradient
+flow (freed and cut graphs, missing and NaN gradients), `paths` the walks they share.
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+from ..model import PROBLEM_KINDS, Diagnosis, Trace
+from . import flow, inplace
+
+_ORDER = {kind: i for i, kind in enumerate(PROBLEM_KINDS)}
+
+
+def diagnose(trace: Trace) -> List[Diagnosis]:
+    ranks: Dict[int, tuple] = {}
+    saved = inplace._saved_tensor_writes(trace, ranks)
+    found = (inplace._leaf_inplace(trace) + saved + inplace._accumulated_graphs(trace) + flow.graph_freed(trace)
+             + flow.graph_cut(trace) + flow.missing_grad(trace) + flow.nan_gradient(trace))
+    # Within a kind: leaf writes in the order they ran; saved-tensor problems in the order backward
+    # meets them; the rest in the order of their lines.
+    found.sort(key=lambda d: (_ORDER[d.kind], ranks.get(id(d), ()), d.op_index if d.op_index is not None else -1))
+    return found

@@ -1,0 +1,511 @@
+"""Where gradients cannot flow: graph-freed, graph-cut, missing-grad, nan-gradient.
+
+Each rule names the user's line: the op that reused a freed graph, the op that cut the chain,
+the op that made a non-leaf of a tensor the user trains, the forward op whose backward made the
+first NaN. Information that is not a problem (parameters unused by design, frozen ones) goes to
+`trace.notes`.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from typing import Dict, List, Optional, Set
+
+from ..fixes import line_ref, where
+from ..model import Checkpoint, Diagnosis, OpRecord, Trace
+from .paths import ancestors, descendants, engine_order, exit_before, first_use, is_cut, node_at
+
+_NO_GRAD_FN = "does not require grad and does not have a grad_fn"
+_UNUSED_INPUT = re.compile(r"ifferentiated Tensors? (?:at index (\d+) )?appears? to not have been used in the graph")
+_MOVES = {"to", "cuda", "cpu", "double", "float", "half", "bfloat16", "type", "long", "int", "mps", "xpu"}
+
+
+def _diag(kind: str, op: Optional[OpRecord], message: str, fix: str, tensor=None, tids=()) -> Diagnosis:
+    loc = op.location if op is not None else None
+    return Diagnosis(kind=kind, message=message, fix=fix, filename=loc.filename if loc else None,
+                     line=loc.line if loc else None, source=loc.source if loc else "", tensor=tensor,
+                     op_index=op.index if op is not None else None, tids=tuple(t for t in tids if t is not None))
+
+
+def _with_saved(diag: Diagnosis, op: Optional[OpRecord]) -> Diagnosis:
+    if op is not None and op.location is not None:
+        diag.saved_line, diag.saved_filename, diag.saved_source = (op.location.line, op.location.filename,
+                                                                   op.location.source)
+        diag.saved_op_index = op.index
+    return diag
+
+
+def _name(trace: Trace, tid: Optional[int]) -> Optional[str]:
+    info = trace.tensors.get(tid) if tid is not None else None
+    return info.name if info is not None else None
+
+
+def _backward_checkpoints(trace: Trace) -> List[Checkpoint]:
+    return [cp for cp in trace.checkpoints if cp.kind == "backward" and cp.op_index < len(trace.ops)]
+
+
+# -- graph-freed ----------------------------------------------------------------------------------
+
+def graph_freed(trace: Trace) -> List[Diagnosis]:
+    """A backward call whose nodes include one an earlier backward ran without retain_graph and
+    whose saved tensors are gone: PyTorch raises "Trying to backward through the graph a second
+    time". Said before the call runs (the checkpoint is taken first)."""
+    out = []
+    retained = {cp.op_index: cp.retain for cp in _backward_checkpoints(trace)}
+    for cp in _backward_checkpoints(trace):
+        freed_nodes = {s.node for s in cp.slots if s.freed}
+        if not freed_nodes:
+            continue
+        order = engine_order(trace, cp)
+        first = next((k for k in order if k in freed_nodes), None)
+        if first is None:
+            continue
+        backward = trace.ops[cp.op_index]
+
+        def freed_by(key: int) -> Optional[int]:
+            node = trace.nodes.get(key)
+            runs = [b for b in (node.consumed_by if node else ()) if b < cp.op_index and not retained.get(b, True)]
+            return runs[0] if runs else None
+
+        root_run = next((freed_by(r) for r in cp.roots if freed_by(r) is not None), None)
+        if root_run is not None:
+            culprit, carried, earlier = backward, backward.inputs[0] if backward.inputs else None, root_run
+            what = ("%s runs backward from `%s` again, but the backward on %s already freed the buffers of its "
+                    "graph" % (where(backward), _name(trace, carried) or "the same tensor",
+                               line_ref(trace.ops[root_run])))
+        else:
+            link = _link_into_freed(trace, order, first, freed_by)
+            if link is None:
+                continue
+            culprit, carried, earlier = link
+            what = ("%s uses `%s`, which is still attached to the graph of an earlier iteration; the backward "
+                    "on %s already ran that graph and freed its buffers, and this backward runs into it again"
+                    % (where(culprit), _name(trace, carried) or trace.tensor_label(carried),
+                       line_ref(trace.ops[earlier])))
+        failed = backward.error is not None
+        name = _name(trace, carried) or (trace.tensor_label(carried) if carried is not None else None)
+        message = ("%s. %s \"Trying to backward through the graph a second time\" at %s (node %s, whose saved "
+                   "tensors were freed)." % (what, "PyTorch raised" if failed else "PyTorch will raise",
+                                             line_ref(backward), trace.nodes[first].name))
+        if root_run is not None:
+            fix = ("Compute the forward pass again before the second backward. Only if both backward passes "
+                   "really need the same graph, pass `retain_graph=True` to the first one:\n"
+                   "    %s\n"
+                   "That keeps every buffer of the graph alive until the last backward (memory)."
+                   % _with_retain(trace.ops[earlier].location.source if trace.ops[earlier].location else ""))
+        else:
+            fix = ("Detach the carried state at the start of each iteration (truncated backpropagation "
+                   "through time), so each backward runs only its own iteration's graph:\n"
+                   "    %s = %s.detach()\n"
+                   "Do not add `retain_graph=True` for this: it keeps every earlier iteration's graph alive and "
+                   "each backward runs through all of them again (memory and time grow every step)."
+                   % (name, name) if name and name.isidentifier() else
+                   "Detach the carried tensor (`.detach()`) before reusing it in the next iteration, or compute "
+                   "it again; `retain_graph=True` would keep every earlier graph alive.")
+        diag = _with_saved(_diag("graph-freed", culprit, message, fix, tensor=name, tids=(carried,)),
+                           trace.ops[earlier])
+        diag.node_key, diag.node, diag.predicted = first, trace.nodes[first].name, True
+        out.append(diag)
+    return out
+
+
+def _link_into_freed(trace: Trace, order: List[int], first: int, freed_by):
+    """(op, carried tensor, freeing backward) for the edge where this call's own graph enters the
+    freed one on the way to the first freed node backward meets."""
+    nodes = trace.nodes
+    leads_to_first: Set[int] = set()
+    parents: Dict[int, List[int]] = {}
+    for key in order:
+        for child in nodes[key].inputs:
+            parents.setdefault(child, []).append(key)
+    stack = [first]
+    while stack:
+        key = stack.pop()
+        if key not in leads_to_first:
+            leads_to_first.add(key)
+            stack.extend(parents.get(key, ()))
+    best = None
+    for key in order:
+        if freed_by(key) is not None or key < 0:
+            continue
+        for child in nodes[key].inputs:
+            if child in leads_to_first and freed_by(child) is not None:
+                op_index = nodes[key].created_by
+                if op_index is not None and (best is None or op_index > best[0].index):
+                    op = trace.ops[op_index]
+                    carried = next((t for t in op.inputs if node_at(trace, t, op_index) == child), None)
+                    best = (op, carried, freed_by(child))
+    return best
+
+
+def _with_retain(source: str) -> str:
+    if ".backward(" in source and "retain_graph" not in source:
+        return source.replace(".backward()", ".backward(retain_graph=True)")
+    return "loss.backward(retain_graph=True)"
+
+
+# -- graph-cut ------------------------------------------------------------------------------------
+
+def graph_cut(trace: Trace) -> List[Diagnosis]:
+    """backward() or autograd.grad() from a tensor with no path to anything that requires grad,
+    or from a leaf that was computed in the block (`loss.requires_grad = True` hid the error)."""
+    out = []
+    for cp in _backward_checkpoints(trace):
+        if cp.roots:
+            continue
+        backward = trace.ops[cp.op_index]
+        root = backward.inputs[0] if backward.inputs else None
+        info = trace.tensors.get(root) if root is not None else None
+        if info is None:
+            continue
+        made_here = info.created_by is not None
+        raised = backward.error is not None and _NO_GRAD_FN in backward.error
+        if not raised and not made_here:
+            continue  # backward on a leaf the user made on purpose
+        if not raised and not info.requires_grad:
+            continue
+        cut, why = _find_cut(trace, root, cp.op_index)
+        name = info.name or trace.tensor_label(root)
+        hidden = not raised
+        if cut is not None:
+            what = "%s cut `%s` off the graph: %s" % (where(cut), name, why)
+        else:
+            cut = backward
+            what = "`%s` was made without any tensor that requires grad (%s)" % (name, why)
+        message = (
+            "%s. %s" % (what, (
+                "`%s.requires_grad` was then set by hand, which silences PyTorch's error, but backward() stops at "
+                "`%s`: no parameter gets a gradient, and training does nothing." % (name, name)) if hidden else (
+                "backward() %s \"element 0 of tensors does not require grad and does not have a grad_fn\". "
+                "Setting `%s.requires_grad = True` would hide the error and train nothing: the chain to the "
+                "parameters is still cut." % ("raised" if backward.error else "will raise", name))))
+        diag = _diag("graph-cut", cut, message, _cut_fix(trace, cut, why), tensor=name, tids=(root,))
+        diag.predicted = True
+        out.append(diag)
+    return out
+
+
+def _find_cut(trace: Trace, root: int, before: int):
+    """(the op that cut the chain from `root` back to what requires grad, why), or (None, why)."""
+    found = ancestors(trace, [root], before)
+    cuts = [op for op in trace.ops[:before] if any(t in found for t in op.outputs + op.writes) and is_cut(trace, op)]
+    for op in trace.ops[:before]:  # a Python value in the chain: the op that made it is the cut
+        if not op.inputs and any(t in found for t in op.outputs):
+            exit_op = exit_before(trace, op)
+            if exit_op is not None:
+                cuts.append(exit_op)
+    if cuts:
+        cut = max(cuts, key=lambda op: op.index)
+        return cut, _why_cut(cut)
+    frozen = [t for t in found if t in trace.tensors and trace.tensors[t].is_leaf and trace.tensors[t].owner
+              and not trace.tensors[t].first_requires_grad]
+    if frozen:
+        use = min((op for op in trace.ops[:before] if any(t in op.inputs for t in frozen)), key=lambda op: op.index,
+                  default=None)
+        return use, "every parameter it was computed from is frozen (`requires_grad=False`)"
+    return None, "from data alone"
+
+
+def _why_cut(op: OpRecord) -> str:
+    short = op.name.rpartition(".")[2]
+    if not op.grad_enabled:
+        return "`%s` ran under `torch.no_grad()` (or inference mode), which records no graph" % op.name
+    if short == "detach" or short == "detach_":
+        return "`.detach()` returns a tensor without history"
+    if short == "data":
+        return "`.data` returns a tensor without history"
+    if short in ("item", "tolist", "__float__", "__int__", "__index__", "__complex__"):
+        return "`%s` turns the tensor into a Python number, and a tensor rebuilt from it has no history" % op.name
+    if short in ("numpy", "__array__"):
+        return "`.numpy()` leaves PyTorch, and a tensor rebuilt from the array has no history"
+    return "`%s` is not differentiable (its result never requires grad)" % op.name
+
+
+def _cut_fix(trace: Trace, op: Optional[OpRecord], why: str) -> str:
+    src = op.location.source if op is not None and op.location else ""
+    short = op.name.rpartition(".")[2] if op is not None else ""
+    if "frozen" in why:
+        return ("Unfreeze the parameters you want to train (`p.requires_grad_(True)` for each), or compute the "
+                "loss from a model that has trainable parameters.")
+    if op is not None and not op.grad_enabled:
+        return "Compute the loss outside `torch.no_grad()` / `torch.inference_mode()`, which record no graph."
+    rewritten = _without_exit(src) if short in ("item", "tolist", "numpy", "__float__") else None
+    if rewritten:
+        return "Keep the loss a tensor (no `.item()`/`.numpy()` round trip):\n    %s" % rewritten
+    if short in ("detach", "data") and src:
+        fixed = src.replace(".detach()", "").replace(".data", "")
+        if fixed != src:
+            return "Do not detach on the way to the loss:\n    %s" % fixed
+    return ("Compute the loss with differentiable torch operations from the model's output; do not go "
+            "through `.item()`, `.numpy()`, `.detach()`, `.data`, argmax or integer casts on the way.")
+
+
+def _without_exit(src: str) -> Optional[str]:
+    """`loss = torch.tensor(x.mean().item())` -> `loss = x.mean()`."""
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign):
+        return None
+    value = tree.body[0].value
+    if isinstance(value, ast.Call) and len(value.args) == 1 and ast.unparse(value.func) in (
+            "torch.tensor", "torch.as_tensor", "torch.from_numpy", "torch.Tensor", "torch.FloatTensor"):
+        inner = value.args[0]
+        if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) and inner.func.attr in (
+                "item", "numpy", "tolist") and not inner.args:
+            base = inner.func.value
+            while isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute) and base.func.attr in (
+                    "cpu", "detach", "numpy"):
+                base = base.func.value
+            tree.body[0].value = base
+            return ast.unparse(tree.body[0])
+    return None
+
+
+# -- missing-grad ---------------------------------------------------------------------------------
+
+def missing_grad(trace: Trace) -> List[Diagnosis]:
+    out = _moved_leaves(trace) + _unused_inputs(trace)
+    out += _cut_parameters(trace, {d.tensor for d in out})
+    return out
+
+
+def _ran_backward(trace: Trace) -> List[OpRecord]:
+    return [op for op in trace.ops if op.is_backward and op.error is None]
+
+
+def _moved_leaves(trace: Trace) -> List[Diagnosis]:
+    """`w = torch.randn(3, requires_grad=True).double()`: `w` is the move's result, not the leaf."""
+    out = []
+    runs = _ran_backward(trace)
+    if not runs:
+        return out
+    for info in trace.tensors.values():
+        if info.created_by is None or not info.name or info.is_leaf or not info.alive:
+            continue
+        op = trace.ops[info.created_by]
+        if op.name.rpartition(".")[2] not in _MOVES or not op.inputs:
+            continue
+        source = trace.tensors.get(op.inputs[0])
+        if source is None or not (source.is_leaf and source.first_requires_grad) or source.name:
+            continue
+        if not any(run.index > op.index for run in runs):
+            continue
+        message = (
+            "`%s` is the result of `%s`, not the tensor made with `requires_grad=True`: it is not a leaf, so "
+            "backward() never stores a gradient in `%s.grad` (it stays None, and PyTorch only warns when it is "
+            "read). The gradient goes to the unnamed original tensor, which nothing updates."
+            % (info.name, op.name, info.name))
+        fix = _leaf_after_move_fix(op.location.source if op.location else "", info.name)
+        out.append(_diag("missing-grad", op, message, fix, tensor=info.name, tids=(info.tid, source.tid)))
+    return out
+
+
+def _leaf_after_move_fix(src: str, name: str) -> str:
+    """Set requires_grad after the move: `w = torch.randn(3).double().requires_grad_()`."""
+    fallback = ("Make the leaf where it will live: create it with the dtype and device it needs and "
+                "`requires_grad=True` (`torch.randn(3, dtype=torch.float64, requires_grad=True)`), or call "
+                "`.requires_grad_()` after the move.")
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return fallback
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign):
+        return fallback
+    stmt = tree.body[0]
+    removed = False
+    for node in ast.walk(stmt.value):
+        if isinstance(node, ast.Call):
+            kept = [k for k in node.keywords if k.arg != "requires_grad"]
+            removed = removed or len(kept) != len(node.keywords)
+            node.keywords = kept
+    if not removed:
+        return fallback
+    stmt.value = ast.Call(func=ast.Attribute(value=stmt.value, attr="requires_grad_", ctx=ast.Load()),
+                          args=[], keywords=[])
+    return "Set requires_grad after the move, so `%s` is the leaf:\n    %s" % (name, ast.unparse(stmt))
+
+
+def _unused_inputs(trace: Trace) -> List[Diagnosis]:
+    """autograd.grad(out, [a, b]) where `b` is not on the path: PyTorch names only an index."""
+    out = []
+    for cp in _backward_checkpoints(trace):
+        op = trace.ops[cp.op_index]
+        m = _UNUSED_INPUT.search(op.error or "")
+        if m is None or not cp.input_tids:
+            continue
+        index = int(m.group(1)) if m.group(1) is not None else None
+        if index is not None and index < len(cp.input_tids):
+            candidates = [cp.input_tids[index]]
+        else:  # older PyTorch names no index: the inputs backward cannot reach
+            reached = set(engine_order(trace, Checkpoint(op_index=cp.op_index, kind=cp.kind, roots=cp.roots)))
+            candidates = [t for t, k in zip(cp.input_tids, cp.inputs) if k not in reached]
+        for tid in candidates[:1]:
+            name = _name(trace, tid) or trace.tensor_label(tid)
+            cut, why = _path_cut(trace, tid, cp)
+            if cut is None:
+                message = ("`%s` (input %s of `torch.autograd.grad`) was never used to compute the outputs, so it has "
+                           "no gradient; PyTorch raised \"%s\", naming only its index." % (
+                               name, index if index is not None else "?", m.group(0)))
+                cut = op
+            else:
+                message = ("`%s` (input %s of `torch.autograd.grad`) is off the path to the outputs: %s cut it off "
+                           "(%s). PyTorch raised naming only its index." % (
+                               name, index, where(cut), why))
+            fix = ("Compute the outputs from `%s` without cutting the chain, or drop it from the inputs (or pass "
+                   "`allow_unused=True` and expect None for it)." % name)
+            out.append(_diag("missing-grad", cut, message, fix, tensor=name, tids=(tid,)))
+    return out
+
+
+def _path_cut(trace: Trace, tid: int, cp: Checkpoint):
+    """The cut on a data-flow path from `tid` to the backward call's roots, if there is one."""
+    start = first_use(trace, tid)
+    if start is None:
+        return None, ""
+    _, cuts = descendants(trace, tid, start.index - 1)
+    backward = trace.ops[cp.op_index]
+    roots = ancestors(trace, backward.inputs[:1], cp.op_index)
+    on_path = [op for op in cuts if op.index < cp.op_index and (
+        any(t in roots for t in op.outputs + op.writes) or (not op.outputs and any(t in roots for t in op.inputs)))]
+    if not on_path:
+        exits = [op for op in cuts if not op.outputs and op.index < cp.op_index]
+        on_path = [op for op in exits if any(
+            e is not None and e.index == op.index for e in (exit_before(trace, f) for f in trace.ops[:cp.op_index]
+                                                             if not f.inputs and any(t in roots for t in f.outputs)))]
+    if not on_path:
+        return None, ""
+    cut = on_path[0]
+    return cut, _why_cut(cut)
+
+
+def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis]:
+    """A parameter that an optimizer in the block holds, or whose model got gradients for its other
+    parameters, used in the forward but reached by no backward, because the chain to the loss
+    was cut. Unused and frozen parameters are information, not problems."""
+    runs = _ran_backward(trace)
+    if not runs:
+        return []
+    got = {-1 - k for k, n in trace.nodes.items() if k < 0 and n.consumed_by}
+    trained_owners = {trace.tensors[t].owner for t in got if t in trace.tensors and trace.tensors[t].owner}
+    out, unused, frozen = [], [], []
+    checkpoints = _backward_checkpoints(trace)
+    for info in trace.tensors.values():
+        if not info.is_leaf or (info.owner is None and not info.optimized) or info.tid in got:
+            continue
+        if not info.requires_grad:
+            if info.owner in trained_owners:
+                frozen.append(info.name)
+            continue
+        if not (info.optimized or info.owner in trained_owners):
+            continue
+        use = first_use(trace, info.tid)
+        if use is None or not any(run.index > use.index for run in runs):
+            unused.append(info.name or trace.tensor_label(info.tid))
+            continue
+        cut = None
+        for cp in checkpoints:
+            if cp.op_index > use.index and trace.ops[cp.op_index].error is None:
+                cut, why = _path_cut(trace, info.tid, cp)
+                if cut is not None:
+                    break
+        if cut is None:
+            unused.append(info.name or trace.tensor_label(info.tid))
+            continue
+        name = info.name or trace.tensor_label(info.tid)
+        if name in already:
+            continue
+        message = ("`%s` %s, and it is used in the forward pass, but no backward reached it: %s cut its path to "
+                   "the loss (%s). Its `.grad` stays None and the optimizer skips it, silently." % (
+                       name, "is held by an optimizer" if info.optimized else "belongs to `%s`, whose other "
+                       "parameters get gradients" % info.owner, where(cut), why))
+        fix = ("Keep the forward differentiable from `%s` to the loss: use the tensor itself instead of "
+               "`.detach()`/`.data`, and torch operations instead of a NumPy round trip. If it should not be "
+               "trained, freeze it on purpose with `%s.requires_grad_(False)`." % (name, name))
+        out.append(_diag("missing-grad", cut, message, fix, tensor=name, tids=(info.tid,)))
+    if unused:
+        trace.notes.append("Not used on the way to the loss in this block, so no gradient (by design, as an "
+                           "unrouted expert, or not: check): %s." % _listing(unused))
+    if frozen:
+        trace.notes.append("Frozen on purpose (requires_grad=False), so no gradient: %s." % _listing(frozen))
+    return out
+
+
+def _listing(names: List[Optional[str]]) -> str:
+    shown = ["`%s`" % n for n in names[:8] if n]
+    return ", ".join(shown) + (" and %d more" % (len(names) - 8) if len(names) > 8 else "")
+
+
+# -- nan-gradient ---------------------------------------------------------------------------------
+
+def nan_gradient(trace: Trace) -> List[Diagnosis]:
+    origin = trace.nan_origin
+    if origin is not None:
+        return [_nan_at_node(trace, origin)]
+    bad = [t for t in trace.tensors.values() if t.nonfinite_after is not None]
+    if not bad:
+        return []
+    first = min(bad, key=lambda t: t.nonfinite_after)
+    backward = trace.ops[first.nonfinite_after]
+    names = [t.name or trace.tensor_label(t.tid) for t in bad]
+    message = ("After %s, the gradient of %s holds NaN or Inf values. An optimizer step with it turns the weights "
+               "into NaN." % (line_ref(backward), _listing(names)))
+    fix = ("Run the block with `capture(check_nan=True)` (`%%autograd --nan` in a notebook) to find the forward "
+           "line whose backward made the first NaN/Inf and the input values that caused it; it costs less than "
+           "`torch.autograd.detect_anomaly(check_nan=True)`.")
+    return [_diag("nan-gradient", backward, message, fix, tensor=names[0], tids=tuple(t.tid for t in bad))]
+
+
+_CAUSES = {
+    "Sqrt": ("result", "zeros", "the square root of 0 at {n} of {total} positions: its derivative 1/(2*sqrt(x)) is "
+             "infinite there", "add a small epsilon inside the root: `torch.sqrt(x + 1e-12)` or "
+             "`x.clamp_min(1e-12).sqrt()`"),
+    "Rsqrt": ("self", "zeros", "rsqrt of 0 at {n} of {total} positions", "clamp the input: `x.clamp_min(1e-12).rsqrt()`"),
+    "Log": ("self", "zeros", "the log of 0 at {n} of {total} positions: its derivative 1/x is infinite there",
+            "clamp the input: `torch.log(x.clamp_min(1e-12))`, or use `torch.log_softmax` / `torch.log1p`"),
+    "Div": ("other", "zeros", "a division by 0 at {n} of {total} positions (a zero norm or count)",
+            "divide by a clamped value: `x / y.clamp_min(1e-12)`, or use `torch.nn.functional.normalize`"),
+    "Pow": ("self", "zeros", "a power below 1 of 0 at {n} of {total} positions (`x ** p` with p < 1 has an "
+            "infinite derivative at 0)", "add an epsilon: `(x + 1e-12) ** p`"),
+    "LinalgVectorNorm": ("result", "zeros", "the norm of a zero vector at {n} of {total} positions: its "
+                         "derivative x / norm(x) is 0/0", "add an epsilon: `torch.sqrt((x ** 2).sum(-1) + 1e-12)`, "
+                         "or `torch.nn.functional.normalize(x, eps=1e-12)`"),
+    "Norm": ("result", "zeros", "the norm of a zero vector at {n} of {total} positions", "add an epsilon inside "
+             "the norm, or use `torch.nn.functional.normalize(x, eps=1e-12)`"),
+    "Acos": ("self", "unit", "acos at +-1 at {n} of {total} positions", "clamp the input to (-1 + 1e-7, 1 - 1e-7)"),
+    "Asin": ("self", "unit", "asin at +-1 at {n} of {total} positions", "clamp the input to (-1 + 1e-7, 1 - 1e-7)"),
+}
+
+
+def _nan_at_node(trace: Trace, origin: Dict) -> Diagnosis:
+    key, node_name, facts = origin["node"], origin["name"], origin["facts"] or {}
+    node = trace.nodes.get(key)
+    op = trace.ops[node.created_by] if node is not None and node.created_by is not None else None
+    backward = trace.ops[origin["backward"]] if origin["backward"] < len(trace.ops) else None
+    made = op.outputs[0] if op is not None and op.outputs else None
+    name = _name(trace, made)
+    base = re.sub(r"Backward\d*$", "", node_name)
+    cause = _CAUSES.get(base)
+    what, fix = None, None
+    if cause is not None:
+        slot, stat, text, remedy = cause
+        saved = facts.get(slot)
+        if saved and saved.get(stat):
+            what, fix = text.format(n=saved[stat], total=saved["numel"]), remedy
+    if what is None:
+        what = "%s turned finite incoming gradients into NaN/Inf" % node_name
+        fix = "Keep the inputs of this operation away from the points where its derivative is infinite or undefined."
+    parents = [n for n in trace.nodes.values() if key in n.inputs]
+    if any(p.name.startswith("WhereBackward") for p in parents):
+        what += ("; `torch.where` chose the other branch at those positions, but the unused branch still gets "
+                 "gradient 0, and 0 * inf = NaN")
+        fix = ("Make the unused branch safe before computing it (the double-where trick):\n"
+               "    safe = torch.where(mask, x, torch.ones_like(x))\n"
+               "    y = torch.where(mask, safe.sqrt(), torch.zeros_like(x))")
+    message = ("The forward pass was finite, but backward%s made NaN/Inf first in %s, the gradient of %s%s: %s."
+               % (" on %s" % line_ref(backward) if backward is not None else "", node_name,
+                  where(op) if op is not None else "an operation", " (`%s`)" % name if name else "", what))
+    diag = _diag("nan-gradient", op, message, fix, tensor=name, tids=(made,))
+    diag.node_key, diag.node = key, node_name
+    return _with_saved(diag, backward)

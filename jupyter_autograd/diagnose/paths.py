@@ -1,0 +1,141 @@
+"""Walks that several rules share, over plain data only: the order in which backward runs the
+nodes, the grad_fn a tensor had at a given op, and where a chain of tensors stopped requiring grad.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+from ..model import Checkpoint, OpRecord, Trace
+
+# Ops that turn a tensor into Python values: the chain to the graph ends there.
+_EXITS = {"item", "tolist", "numpy", "__float__", "__int__", "__index__", "__complex__", "__array__"}
+
+
+def engine_order(trace: Trace, cp: Checkpoint) -> List[int]:
+    """The nodes a backward call runs, in the order PyTorch's engine runs them: only nodes
+    reachable from its roots (and, for autograd.grad, on a path to its inputs); a node runs once
+    every node that feeds it has run, the highest sequence number first among the ready ones
+    (AccumulateGrad, which has none, first of all)."""
+    nodes = trace.nodes
+    reach: Set[int] = set()
+    stack = [r for r in cp.roots if r in nodes]
+    while stack:
+        key = stack.pop()
+        if key in reach:
+            continue
+        reach.add(key)
+        stack.extend(k for k in nodes[key].inputs if k in nodes and k not in reach)
+    if cp.inputs:
+        parents: Dict[int, List[int]] = {}
+        for key in reach:
+            for child in nodes[key].inputs:
+                parents.setdefault(child, []).append(key)
+        needed: Set[int] = set()
+        stack = [k for k in cp.inputs if k in reach]
+        while stack:
+            key = stack.pop()
+            if key not in needed:
+                needed.add(key)
+                stack.extend(parents.get(key, ()))
+        reach = needed
+    waiting: Dict[int, int] = {}
+    for key in reach:
+        for child in set(nodes[key].inputs):
+            if child in reach:
+                waiting[child] = waiting.get(child, 0) + 1
+    ready = [(-_priority(k), k) for k in dict.fromkeys(cp.roots) if k in reach and not waiting.get(k)]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, key = heapq.heappop(ready)
+        order.append(key)
+        for child in set(nodes[key].inputs):
+            if child in reach:
+                waiting[child] -= 1
+                if waiting[child] == 0:
+                    heapq.heappush(ready, (-_priority(child), child))
+    return order
+
+
+def _priority(key: int) -> float:
+    return float("inf") if key < 0 else key
+
+
+def node_at(trace: Trace, tid: int, op_index: int) -> Optional[int]:
+    """The key of the grad_fn that tensor `tid` had just before op `op_index` ran."""
+    for op in reversed(trace.ops[:op_index]):
+        if tid in op.outputs or (tid in op.writes and op.node is not None):
+            return op.node
+    info = trace.tensors.get(tid)
+    if info is not None and info.is_leaf and info.first_requires_grad:
+        return -1 - tid
+    return None
+
+
+def requires_grad(trace: Trace, tid: int) -> bool:
+    info = trace.tensors.get(tid)
+    return info is not None and info.first_requires_grad
+
+
+def is_cut(trace: Trace, op: OpRecord) -> bool:
+    """The op took a tensor that requires grad and gave back none that does: `.detach()`, `.data`,
+    `.item()`, `.numpy()`, argmax, a comparison, an integer cast, any op under no_grad."""
+    if op.error or op.is_backward or not any(requires_grad(trace, t) for t in op.inputs):
+        return False
+    if op.outputs:
+        return not any(requires_grad(trace, t) for t in op.outputs + op.writes)
+    return op.name.rpartition(".")[2] in _EXITS
+
+
+def ancestors(trace: Trace, tids: Iterable[int], before: int) -> Set[int]:
+    """Every tensor the given ones were computed from, through recorded ops before `before`. A
+    tensor made from Python values (torch.tensor(x), from_numpy) is linked to the tensor last
+    turned into Python values (`.item()`, `.numpy()`) on its line, or before it."""
+    found = set(tids)
+    for op in reversed(trace.ops[:before]):
+        if op.is_backward or not any(t in found for t in op.outputs + op.writes):
+            continue
+        if op.inputs:
+            found.update(op.inputs)
+        else:
+            exit_op = exit_before(trace, op)
+            if exit_op is not None:
+                found.update(exit_op.inputs)
+    return found
+
+
+def exit_before(trace: Trace, op: OpRecord) -> Optional[OpRecord]:
+    """The op that last turned a tensor requiring grad into Python values before `op`, on the
+    same line if there is one there."""
+    latest = None
+    for other in reversed(trace.ops[:op.index]):
+        if other.outputs or other.name.rpartition(".")[2] not in _EXITS:
+            continue
+        if not any(requires_grad(trace, t) for t in other.inputs):
+            continue
+        if other.location == op.location:
+            return other
+        if latest is None:
+            latest = other
+    return latest
+
+
+def descendants(trace: Trace, tid: int, after: int = -1) -> Tuple[Set[int], List[OpRecord]]:
+    """Tensors computed from `tid` by ops after `after`, and the cuts met on the way."""
+    found, cuts = {tid}, []
+    for op in trace.ops[after + 1:]:
+        if op.is_backward or not any(t in found for t in op.inputs):
+            continue
+        if is_cut(trace, op):
+            cuts.append(op)
+        found.update(op.outputs)
+        found.update(op.writes)
+    return found, cuts
+
+
+def first_use(trace: Trace, tid: int, grad_enabled: bool = True) -> Optional[OpRecord]:
+    for op in trace.ops:
+        if tid in op.inputs and not op.is_backward and (op.grad_enabled or not grad_enabled):
+            return op
+    return None
