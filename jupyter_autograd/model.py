@@ -184,10 +184,20 @@ class Trace:
         return to_networkx(self)
 
     def tensor_label(self, tid: Optional[int]) -> str:
-        if tid is None:
-            return "?"
-        info = self.tensors.get(tid)
-        return info.label if info else "tensor#%d" % tid
+        """The user's name for a tensor, or, when it has none we are sure of, a description
+        (a wrong name is worse than none): its shape, the op that made it and where."""
+        info = self.tensors.get(tid) if tid is not None else None
+        if info is None:
+            return "an unrecorded tensor"
+        if info.name:
+            return info.name
+        shape = "x".join(str(s) for s in info.shape) or "scalar"
+        made = self.ops[info.created_by] if info.created_by is not None and info.created_by < len(self.ops) else None
+        if made is None:
+            return "a %s %s tensor from before the block" % (shape, info.dtype)
+        where = " in %s" % made.module[-1] if made.module else ""
+        line = " (line %d)" % made.location.line if made.location else ""
+        return "the %s %s result of %s%s%s" % (shape, info.dtype, made.name, where, line)
 
     def source_line(self, filename: Optional[str], line: Optional[int]) -> str:
         lines = self.sources.get(filename or "", [])

@@ -320,7 +320,8 @@ def _graph(recorder, trace):
             if info.node is not None and first <= info.node < end:
                 result = info.node
         if result is None:
-            result = next((k for k in range(end - 1, first - 1, -1) if k in trace.nodes), None)
+            # A node no checkpoint walked (a graph dropped before the end) is still the last one made.
+            result = next((k for k in range(end - 1, first - 1, -1) if k in trace.nodes), end - 1)
         op.node = result
     for info in trace.tensors.values():
         if info.grad_fn is None and info.created_by is not None and info.requires_grad and not info.is_leaf:
@@ -418,11 +419,13 @@ def _assignment_targets(trace) -> Dict[int, str]:
         text = op.location.source
         if text not in parsed:
             parsed[text] = _read_statement(text)
-        target, operands = parsed[text]
+        target, callee, operands = parsed[text]
         if target and op.outputs and not op.is_backward:
             names.setdefault(op.outputs[0], target)
         alone = prev is None or prev.location != op.location
-        if alone and operands is not None and len(operands) == len(op.inputs):
+        # Operands name inputs only when the line's call is this very op: `self.emb(ids)` runs
+        # F.embedding(ids, weight), whose inputs are not (self, ids).
+        if alone and operands is not None and len(operands) == len(op.inputs) and _same_op(callee, op.name):
             for tid, name in zip(op.inputs, operands):
                 if name:
                     names.setdefault(tid, name)
@@ -430,40 +433,57 @@ def _assignment_targets(trace) -> Dict[int, str]:
 
 
 def _read_statement(text: str):
-    """(assigned name or None, operand names of its one operation or None)."""
+    """(assigned name or None, name of its one operation or None, operand names or None)."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
-        return None, None
+        return None, None, None
     if len(tree.body) != 1:
-        return None, None
+        return None, None, None
     stmt = tree.body[0]
     target, value = None, None
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
         target = stmt.targets[0].id if isinstance(stmt.targets[0], ast.Name) else None
         value = stmt.value
         if isinstance(stmt.targets[0], ast.Subscript):  # t[i] = v: Tensor.__setitem__(t, i, v)
-            return None, _operands([stmt.targets[0].value, stmt.value])
+            return None, "__setitem__", _operands([stmt.targets[0].value, stmt.value])
     elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) and isinstance(stmt.target, ast.Name):
         target = stmt.target.id
         value = stmt.value
         if isinstance(stmt, ast.AugAssign):
-            return target, _operands([stmt.target, stmt.value])
+            return target, "__i%s__" % _BINOPS.get(type(stmt.op), "?"), _operands([stmt.target, stmt.value])
     elif isinstance(stmt, ast.Expr):
         value = stmt.value
-    return target, _operands_of(value)
+    return (target,) + _operands_of(value)
+
+
+_BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.MatMult: "matmul",
+           ast.Pow: "pow", ast.FloorDiv: "floordiv", ast.Mod: "mod"}
 
 
 def _operands_of(node):
+    """(the call's name, operand names) of an expression that is one operation, else (None, None)."""
     if isinstance(node, ast.BinOp):
-        return _operands([node.left, node.right])
-    if isinstance(node, ast.UnaryOp):
-        return _operands([node.operand])
-    if isinstance(node, ast.Call) and not node.keywords:
-        receiver = [node.func.value] if isinstance(node.func, ast.Attribute) and isinstance(
-            node.func.value, ast.Name) and node.func.value.id not in ("torch", "F", "nn", "np") else []
-        return _operands(receiver + list(node.args))
-    return None
+        return "__%s__" % _BINOPS.get(type(node.op), "?"), _operands([node.left, node.right])
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return "__neg__", _operands([node.operand])
+    if isinstance(node, ast.Call) and not node.keywords and isinstance(node.func, ast.Attribute):
+        owner = node.func.value
+        if isinstance(owner, ast.Name) and owner.id in ("torch", "F", "nn", "np"):
+            return node.func.attr, _operands(list(node.args))
+        if isinstance(owner, ast.Name):  # a method call: the receiver is the first input
+            return node.func.attr, _operands([owner] + list(node.args))
+    return None, None
+
+
+def _same_op(callee, op_name: str) -> bool:
+    """Whether the source's call (`matmul`, `__mul__`, `add_`) is the recorded op (torch.matmul,
+    Tensor.mul, Tensor.__mul__, Tensor.add_)."""
+    if not callee:
+        return False
+    short = op_name.rpartition(".")[2]
+    return short == callee or "__%s__" % short == callee or short == callee.strip("_") or (
+        callee.startswith("__i") and short == callee[3:-2] + "_")
 
 
 def _operands(nodes):

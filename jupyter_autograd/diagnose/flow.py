@@ -190,9 +190,9 @@ def _find_cut(trace: Trace, root: int, before: int):
     found = ancestors(trace, [root], before)
     cuts = [op for op in trace.ops[:before] if any(t in found for t in op.outputs + op.writes) and is_cut(trace, op)]
     for op in trace.ops[:before]:  # a Python value in the chain: the op that made it is the cut
-        if not op.inputs and any(t in found for t in op.outputs):
+        if any(t in found for t in op.inputs + op.outputs) and not op.is_backward:
             exit_op = exit_before(trace, op)
-            if exit_op is not None:
+            if exit_op is not None and is_cut(trace, exit_op) and any(t in found for t in exit_op.inputs):
                 cuts.append(exit_op)
     if cuts:
         cut = max(cuts, key=lambda op: op.index)
@@ -387,7 +387,10 @@ def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis
     runs = _ran_backward(trace)
     if not runs:
         return []
+    # A gradient that arrived by a backward we did not see (reentrant checkpointing runs its own
+    # inside the engine) still counts.
     got = {-1 - k for k, n in trace.nodes.items() if k < 0 and n.consumed_by}
+    got |= {t.tid for t in trace.tensors.values() if t.is_leaf and t.grad is not None}
     trained_owners = {trace.tensors[t].owner for t in got if t in trace.tensors and trace.tensors[t].owner}
     out, unused, frozen = [], [], []
     checkpoints = _backward_checkpoints(trace)

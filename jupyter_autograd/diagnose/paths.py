@@ -90,35 +90,52 @@ def is_cut(trace: Trace, op: OpRecord) -> bool:
 
 def ancestors(trace: Trace, tids: Iterable[int], before: int) -> Set[int]:
     """Every tensor the given ones were computed from, through recorded ops before `before`. A
-    tensor made from Python values (torch.tensor(x), from_numpy) is linked to the tensor last
-    turned into Python values (`.item()`, `.numpy()`) on its line, or before it."""
+    tensor made from Python values (torch.tensor(x), or from_numpy, which is not recorded) is
+    linked to the tensor turned into Python values (`.item()`, `.numpy()`) just before, in the
+    same function."""
     found = set(tids)
-    for op in reversed(trace.ops[:before]):
-        if op.is_backward or not any(t in found for t in op.outputs + op.writes):
-            continue
-        if op.inputs:
-            found.update(op.inputs)
-        else:
-            exit_op = exit_before(trace, op)
-            if exit_op is not None:
-                found.update(exit_op.inputs)
-    return found
+    bridged: Set[int] = set()
+    ops = [op for op in trace.ops[:before] if not op.is_backward]
+    while True:
+        size = len(found)
+        for op in reversed(ops):
+            if not any(t in found for t in op.outputs + op.writes):
+                continue
+            if op.inputs:
+                found.update(op.inputs)
+            else:
+                _bridge(trace, op, found)
+        for t in list(found):  # first seen as an input, made from Python values we did not see
+            info = trace.tensors.get(t)
+            if t not in bridged and info is not None and info.created_by is None and not info.first_requires_grad:
+                bridged.add(t)
+                use = next((op for op in ops if t in op.inputs), None)
+                if use is not None:
+                    _bridge(trace, use, found)
+        if len(found) == size:
+            return found
 
 
-def exit_before(trace: Trace, op: OpRecord) -> Optional[OpRecord]:
-    """The op that last turned a tensor requiring grad into Python values before `op`, on the
-    same line if there is one there."""
-    latest = None
+def _bridge(trace: Trace, op: OpRecord, found: Set[int]) -> None:
+    exit_op = exit_before(trace, op)
+    if exit_op is not None:
+        found.update(exit_op.inputs)
+
+
+def exit_before(trace: Trace, op: OpRecord, lines: int = 3) -> Optional[OpRecord]:
+    """The op that last turned a tensor into Python values shortly before `op` (which made or
+    first used a tensor built from Python values): in the same function, at most `lines` lines
+    above it."""
+    loc = op.location
+    if loc is None:
+        return None
     for other in reversed(trace.ops[:op.index]):
-        if other.outputs or other.name.rpartition(".")[2] not in _EXITS:
+        if other.outputs or other.name.rpartition(".")[2] not in _EXITS or other.location is None:
             continue
-        if not any(requires_grad(trace, t) for t in other.inputs):
-            continue
-        if other.location == op.location:
+        there = other.location
+        if there.filename == loc.filename and there.function == loc.function and 0 <= loc.line - there.line <= lines:
             return other
-        if latest is None:
-            latest = other
-    return latest
+    return None
 
 
 def descendants(trace: Trace, tid: int, after: int = -1) -> Tuple[Set[int], List[OpRecord]]:
