@@ -249,7 +249,10 @@ def _accumulated_graphs(trace: Trace) -> List[Diagnosis]:
         if op.location != previous:  # consecutive ops of one line are one execution of it
             execution, previous = execution + 1, op.location
         loc = op.location
-        if any(made_at.get(t, (None, execution))[0] == loc and made_at[t][1] < execution for t in op.inputs):
+        # The accumulator: what an earlier execution of this line made, itself never backpropagated
+        # (a carried state that each backward consumes is another story: graph-freed).
+        if any(made_at.get(t, (None, execution))[0] == loc and made_at[t][1] < execution
+               and current.get(t) not in consumed for t in op.inputs):
             chained[loc] = chained.get(loc, 0) + 1
         if op.node is not None and op.node not in consumed:
             for t_id in op.inputs:
