@@ -85,11 +85,23 @@ def freeze(recorder, namespaces: Iterable[dict]):
     recorder.user_globals = {}  # never hold the user's namespaces (or modules) past the block
     recorder.modules = {}
     recorder.nonfinite = {}
+    if recorder.unchecked_backward is not None:  # the last backward of a long loop: check it now
+        index, leaves = recorder.unchecked_backward
+        grads = [(t_id, g) for t_id, g in ((t_id, _grad_of(recorder, t_id)) for t_id in leaves) if g is not None]
+        if grads:
+            recorder.gradient_flags.append((index, nan_watch.nonfinite_flags(grads)))
+        recorder.unchecked_backward = None
     for index, flags in recorder.gradient_flags:
         for t_id in nan_watch.read_flags(flags):
             recorder.nonfinite.setdefault(t_id, index)
     recorder.gradient_flags = []
     return live, names
+
+
+def _grad_of(recorder, t_id):
+    t = recorder.refs[t_id]()
+    g = None if t is None else t.grad
+    return g if g is not None and (g.is_floating_point() or g.is_complex()) else None
 
 
 def _outermost_modules(recorder):
@@ -103,14 +115,18 @@ def _outermost_modules(recorder):
 
 def _name_outermost_modules(recorder, module_names):
     """A module that no namespace names (a model made inside a function) goes by the callee of the
-    line that called it, when that line calls exactly one thing that can be a module:
-    `logits = model(x)` names it `model`, `h = self.encoder(x)` `self.encoder`."""
+    line that called it (recorded by the forward pre-hook), when that line calls exactly one thing
+    that can be a module: `logits = model(x)` names it `model`, `h = self.encoder(x)`
+    `self.encoder`. Otherwise by its class name: never by a guess."""
+    call_sites = getattr(recorder, "module_call_sites", {})
     for module, index in _outermost_modules(recorder):
         if id(module) in module_names:
             continue
-        rec = recorder.ops[index]
-        code, line = rec[OP_CODE], rec[OP_LINE]
-        callee = _single_callee(linecache.getline(code.co_filename, line).strip()) if code is not None else None
+        site = call_sites.get(id(module))
+        if site is None:
+            continue
+        filename, line = site
+        callee = _single_callee(linecache.getline(filename, line).strip())
         if callee:
             module_names[id(module)] = callee
             for name, sub in module.named_modules():

@@ -3,7 +3,7 @@
 Cheap, always: after each backward call, one flag per leaf gradient ("not all finite"), kept on
 the gradient's device and read once when the block ends, so the per-op path never waits for a
 device. With capture(check_nan=True): a post-hook on every node of the graph about to run finds
-the first node whose incoming gradients are finite and whose outgoing ones are not, and reads its
+the first node whose outgoing gradients are not finite (all before it were), and reads its
 saved inputs to say which values did it (sqrt at 0, log of 0, division by zero, ...). The hooks
 are removed as soon as the backward call returns or raises.
 """
@@ -16,9 +16,17 @@ _no_subclass_dispatch = torch._C.DisableTorchFunctionSubclass
 
 
 def nonfinite_flags(grads):
-    """[(tid, 0-d bool tensor on the gradient's device: some value is NaN or Inf)] without a sync."""
+    """[(tid, 0-d bool tensor on the gradient's device: some value is NaN or Inf)] without a sync.
+    A sum is one reduction with no temporary the size of the gradient; it is non-finite when a
+    value is (NaN and Inf propagate) or, for float32 and wider, essentially never otherwise."""
     with torch.no_grad(), _no_subclass_dispatch():
-        return [(tid, ~torch.isfinite(g).all()) for tid, g in grads]
+        return [(tid, ~torch.isfinite(_total(g))) for tid, g in grads]
+
+
+def _total(g):
+    if g.is_sparse or g.layout != torch.strided:
+        return g.to_dense().sum() if g.is_sparse else g.sum()
+    return g.sum(dtype=torch.float32) if g.dtype in (torch.float16, torch.bfloat16) else g.sum()
 
 
 def read_flags(flags):
@@ -28,7 +36,9 @@ def read_flags(flags):
 
 
 def _all_finite(tensors) -> bool:
-    return all(g is None or bool(torch.isfinite(g).all()) for g in tensors)
+    """Exact, but cheap in the common case: the sum is checked first, the elements only when the
+    sum is not finite (an overflowing sum of finite values)."""
+    return all(g is None or bool(torch.isfinite(_total(g))) or bool(torch.isfinite(g).all()) for g in tensors)
 
 
 class NanWatch:
@@ -58,8 +68,10 @@ class NanWatch:
         def hook(grad_inputs, grad_outputs):
             if self.recorder.nan_origin is not None:
                 return None
+            # Nodes run in order and every earlier node's outputs were finite, so this node's
+            # incoming gradients are: the first non-finite output seen is where it starts.
             with torch.no_grad(), _no_subclass_dispatch():
-                if _all_finite(grad_inputs) or not _all_finite(grad_outputs):
+                if _all_finite(grad_inputs):
                     return None
                 self.recorder.nan_origin = (self.backward_index, key, fn.name().rpartition("::")[2],
                                             describe_inputs(fn, grad_inputs))

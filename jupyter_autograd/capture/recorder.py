@@ -107,6 +107,8 @@ class Recorder(TorchFunctionMode):
         self.walked_nodes = ()         # grad_fn nodes of the last backward's walk (for check_nan), dropped at once
         self.walked_leaves = ()        # tids of the leaves that walk reached
         self.gradient_flags = []       # (backward op index, [(tid, device flag: gradient not finite)])
+        self.backward_count = 0        # backward() calls so far (autograd.grad ones too)
+        self.unchecked_backward = None  # (op index, leaf tids) of the last backward, if its gradients were not checked
         self.nan_origin = None         # with check_nan: where backward first made a NaN/Inf (nan_watch.py)
         self.nonfinite = {}            # at the end: tid -> index of the first backward that left its grad non-finite
         self.param_owner = {}          # at the end: parameter tid -> name of the outermost module that holds it
@@ -267,8 +269,16 @@ class Recorder(TorchFunctionMode):
 
     def _note_gradients(self, func, result):
         """Flag non-finite gradients of the leaves this backward reached, without a device sync:
-        the flags stay device tensors until the block ends (see build.py)."""
+        the flags stay device tensors until the block ends (see build.py). Reading every gradient
+        costs a pass over its memory, so a long loop checks backward calls 1, 2, 4, 8, ... and the
+        last one (at the end of the block): a NaN that spreads to the weights is still found."""
         index = len(self.ops) - 1
+        self.backward_count += 1
+        if self.backward_count & (self.backward_count - 1):
+            self.unchecked_backward = (index, self.walked_leaves)
+            self.walked_leaves = ()
+            return
+        self.unchecked_backward = None
         grads = []
         if func is torch.autograd.grad:
             inputs = self.checkpoints[-1][4]
