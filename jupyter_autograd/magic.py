@@ -18,7 +18,6 @@ magic. The magic function itself only serves `%%autograd?` and cells IPython did
 import ast
 import builtins
 import keyword
-import linecache
 import re
 import sys
 
@@ -103,6 +102,7 @@ class AutogradMagics(Magics):
             return
         try:
             from IPython.display import display
+            _show_first_line_as_typed(trace, filename)
             if args.text:
                 display({"text/plain": trace.report()}, raw=True)
             else:
@@ -127,7 +127,6 @@ class _CellCapture:
 
     def __enter__(self):
         self.filename = sys._getframe(1).f_code.co_filename  # the cell's name, for the widget's source
-        _restore_first_line(self.filename)
         try:
             self.recorder.__enter__()
         except Exception as exc:  # the user's cell runs, recorded or not
@@ -286,18 +285,18 @@ def _marked_flags(tree):
     return None if match is None else (match.group(1) or "").strip()
 
 
-def _restore_first_line(filename):
-    """Give the cell's line 1 its own text again where tracebacks and the widget read it."""
-    entry = linecache.cache.get(filename)
-    if entry is None or not entry[2]:
+def _show_first_line_as_typed(trace, filename):
+    """In the report's copy of the cell, line 1 reads `%%autograd ...` again, not its marker.
+    (IPython's own copy keeps the marker: its tracebacks parse the cell's source.)"""
+    lines = trace.sources.get(filename)
+    if not lines:
         return
-    size, mtime, lines, name = entry
     try:
         first = ast.literal_eval(lines[0])
     except (SyntaxError, ValueError):
         return
     if isinstance(first, str) and _FIRST_LINE.fullmatch(first):
-        linecache.cache[filename] = (size, mtime, [first + "\n"] + lines[1:], name)
+        lines[0] = first + "\n"
 
 
 def _assigned_name(statement):
