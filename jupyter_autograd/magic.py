@@ -18,6 +18,7 @@ magic. The magic function itself only serves `%%autograd?` and cells IPython did
 import ast
 import builtins
 import keyword
+import os
 import re
 import sys
 
@@ -28,6 +29,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .capture import capture, warn
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the tool's own frames
+_TORCH_DISPATCH = os.path.join("torch", "overrides.py")
 _FIRST_LINE = re.compile(r"%%autograd(?:[ \t]+(.*))?")
 # The rewritten cell reaches the magic by name, as IPython's own rewrites reach the shell
 # (`get_ipython().run_cell_magic(...)`): no variable of ours enters the user's namespace.
@@ -137,6 +140,8 @@ class _CellCapture:
     def __exit__(self, exc_type, exc, tb):
         if self.recorder is None:
             return False
+        if isinstance(exc, KeyboardInterrupt):
+            _end_traceback_before_the_tool(exc)
         try:
             self.recorder.__exit__(exc_type, exc, tb)
             trace = self.recorder.trace
@@ -249,6 +254,23 @@ class _ShowExpressions(ast.NodeTransformer):
         return node
 
     visit_AsyncFunctionDef = visit_ClassDef = visit_FunctionDef
+
+
+def _end_traceback_before_the_tool(exc):
+    """An interrupt that landed in the tool's code (recording an op) reads as if it had landed
+    in the user's call: the traceback ends before the tool's frames and torch's frames that
+    only dispatched to them."""
+    tb, kept = exc.__traceback__, []
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if filename.startswith(_PACKAGE_DIR):
+            while kept and kept[-1].tb_frame.f_code.co_filename.endswith(_TORCH_DISPATCH):
+                kept.pop()
+            if kept:
+                kept[-1].tb_next = None
+            return
+        kept.append(tb)
+        tb = tb.tb_next
 
 
 def _parse(line):
