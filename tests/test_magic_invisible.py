@@ -118,7 +118,13 @@ b = a * 3
 
 
 @pytest.mark.parametrize("mode", ["all", "last", "last_expr", "last_expr_or_assign", "none"])
-@pytest.mark.parametrize("body", [INTERACTIVE_BODY, INTERACTIVE_BODY + "b.sum()\n", "x = 1\nx += 1\n"])
+@pytest.mark.parametrize("body", [
+    INTERACTIVE_BODY,
+    INTERACTIVE_BODY + "b.sum()\n",
+    "x = 1\nx += 1\n",
+    "x = 1\nfor i in range(2):\n    i + x\n    if i:\n        'inner'\n",
+    "def f():\n    'not shown'\n    return 2\nclass C:\n    'nor this'\nf()\n",
+], ids=["assign-last", "expression-last", "augassign-last", "loop-last", "function-and-class"])
 def test_ast_node_interactivity_is_respected(shell, mode, body):
     shell.ast_node_interactivity = mode
     plain, magic = plain_and_magic(shell, body)
@@ -297,3 +303,62 @@ def test_nan_flag_passes_check_nan_to_the_capture(shell, monkeypatch):
 def test_nan_flag_is_documented(shell):
     run = Run(shell, "%%autograd?", "")
     assert "--nan" in run.text and "NaN or Inf" in run.text
+
+
+# -- the paths around the usual one ---------------------------------------------------------------
+
+def test_a_direct_run_cell_magic_call_still_records(shell):
+    result = shell.run_cell_magic("autograd", "-q -o direct", "import torch\nv = torch.ones(2) * 3\nv.sum().item()")
+    assert result == 6.0
+    # Lines are the cell's, with the magic as line 1, as in a cell IPython rewrote.
+    assert [(op.name, op.location.line) for op in shell.user_ns["direct"].ops] == [
+        ("torch.ones", 3), ("Tensor.mul", 3), ("Tensor.sum", 4), ("Tensor.item", 4)]
+
+
+def test_a_body_that_starts_with_another_cell_magic(shell):
+    run = Run(shell, "%%autograd -q -o tr\n%%capture captured\nimport torch\nprint('hidden')\nw = torch.ones(2) + 1\n", "")
+    assert run.result.success and "hidden" not in run.text
+    assert "hidden" in shell.user_ns["captured"].stdout
+    assert shell.user_ns["tr"].ops
+
+
+def test_time_around_the_magic(shell):
+    run = Run(shell, "%%time\n%%autograd -q -o tr\nimport torch\nu = torch.ones(2) * 5\nu.sum()", "")
+    assert run.result.success and "Wall time" in run.text
+    assert shell.user_ns["tr"].ops
+
+
+def test_a_cell_magic_still_waits_for_a_blank_line_in_the_terminal(shell):
+    assert shell.check_complete("%%autograd\nx = 1\n") == shell.check_complete("%%time\nx = 1\n")
+    assert shell.check_complete("%%autograd -q\nx = 1\n\n") == shell.check_complete("%%time\nx = 1\n\n")
+
+
+def test_when_recording_cannot_start_the_cell_still_runs(shell, monkeypatch):
+    import jupyter_autograd.magic as magic
+
+    def broken(self):
+        raise RuntimeError("cannot install the hooks")
+
+    monkeypatch.setattr(magic.capture, "__enter__", broken)
+    plain = Run(shell, PLAIN_FIRST_LINE + "\nimport torch\nk = torch.ones(2) * 2\nk.sum()\n", PLAIN_FIRST_LINE)
+    magic_run = Run(shell, "%%autograd -q\nimport torch\nk = torch.ones(2) * 2\nk.sum()\n", "%%autograd -q")
+    assert [w[0] for w in magic_run.warnings] == [
+        "jupyter_autograd could not record this cell (RuntimeError: cannot install the hooks); it runs unrecorded"]
+    magic_run.warnings = plain.warnings
+    assert_same(plain, magic_run)
+
+
+@pytest.mark.parametrize("cell", ["%%autograd -q\nimport torch\nt = torch.ones(2)\nt * 2",
+                                  "%%autograd -q\nimport torch\nt = torch.ones(2)\nt / 0 + undefined_name"])
+def test_the_magic_keeps_no_value_after_the_cell(shell, cell):
+    import gc
+    import weakref
+
+    Run(shell, cell, "")
+    t = weakref.ref(shell.user_ns.pop("t"))
+    shell.user_ns["Out"].clear()
+    for name in ("_", "__", "___"):
+        shell.user_ns[name] = None
+    gc.collect()
+    assert t() is None
+    assert shell.magics_manager.registry["AutogradMagics"]._value is None
