@@ -13,7 +13,8 @@ without the magic: top-level `await`, the shell's own `__future__` flags, `;` an
   of that display is recorded.
 
 An exception leaves the `with` untouched, so IPython shows the same traceback as without the
-magic. The magic function itself only serves `%%autograd?` and cells IPython did not rewrite.
+magic. The magic function itself serves `%%autograd?`, `-h`, bad flags (a UsageError) and the
+cells IPython did not rewrite.
 """
 import ast
 import builtins
@@ -170,17 +171,16 @@ class _CellRewrite:
         self.shell = shell
 
     def __call__(self, lines):
-        if not lines or not _FIRST_LINE.fullmatch(lines[0].rstrip()):
-            return lines
+        flags = _flags(lines[0].rstrip()) if lines else None
         body = lines[1:]
-        if (body and body[0].startswith("%%")) or self not in self.shell.ast_transformers:
-            return lines  # the magic function runs it
+        if flags is None or (body and body[0].startswith("%%")) or self not in self.shell.ast_transformers:
+            return lines  # not ours, or the magic function runs it
         try:
-            _parse(_flags(lines[0].rstrip()))
+            _parse(flags)
         except UsageError:
             return lines  # the magic function says what is wrong with the flags
         # An indented body is dedented as IPython dedents an indented cell.
-        return [_marker(_flags(lines[0].rstrip()))] + leading_indent(body)
+        return [_marker(flags)] + leading_indent(body)
 
     def visit(self, tree):
         line = _marked_flags(tree)
@@ -288,7 +288,9 @@ def _parse(line):
 
 
 def _flags(first_line):
-    return (_FIRST_LINE.fullmatch(first_line).group(1) or "").strip()
+    """The flags of a line `%%autograd FLAGS`, else None."""
+    match = _FIRST_LINE.fullmatch(first_line)
+    return None if match is None else (match.group(1) or "").strip()
 
 
 def _marker(line):
@@ -300,11 +302,10 @@ def _marked_flags(tree):
     if not (isinstance(tree, ast.Module) and tree.body):
         return None
     first = tree.body[0]
-    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+    if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
             and isinstance(first.value.value, str) and first.lineno == 1):
-        return None
-    match = _FIRST_LINE.fullmatch(first.value.value)
-    return None if match is None else (match.group(1) or "").strip()
+        return _flags(first.value.value)
+    return None
 
 
 def _show_first_line_as_typed(trace, filename):
@@ -317,7 +318,7 @@ def _show_first_line_as_typed(trace, filename):
         first = ast.literal_eval(lines[0])
     except (SyntaxError, ValueError):
         return
-    if isinstance(first, str) and _FIRST_LINE.fullmatch(first):
+    if isinstance(first, str) and _flags(first) is not None:
         lines[0] = first + "\n"
 
 
