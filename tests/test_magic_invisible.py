@@ -362,3 +362,20 @@ def test_the_magic_keeps_no_value_after_the_cell(shell, cell):
     gc.collect()
     assert t() is None
     assert shell.magics_manager.registry["AutogradMagics"]._value is None
+
+
+def test_the_capture_wraps_exactly_the_users_code(shell):
+    # Showing the result (a tensor's repr runs torch ops) happens after the block: not recorded.
+    run = Run(shell, "%%autograd -q -o tr\nimport torch\nt = torch.ones(3) * 2\nt", "")
+    assert "Out[N]: tensor([2., 2., 2.])" in run.text
+    assert [(op.name, op.location.line) for op in shell.user_ns["tr"].ops] == [("torch.ones", 3), ("Tensor.mul", 3)]
+
+
+def test_the_report_shows_the_cell_as_typed(shell):
+    run = Run(shell, "%%autograd -o tr\nimport torch\nw = torch.ones(2, requires_grad=True)\nw.add_(1)\n", "")
+    assert isinstance(run.error, RuntimeError) and run.displayed
+    (cell_lines,) = [lines for name, lines in shell.user_ns["tr"].sources.items() if "ipython-input" in name]
+    assert cell_lines == ["%%autograd -o tr\n", "import torch\n", "w = torch.ones(2, requires_grad=True)\n",
+                          "w.add_(1)\n"]
+    (diagnosis,) = shell.user_ns["tr"].diagnoses
+    assert (diagnosis.line, diagnosis.source) == (4, "w.add_(1)")
