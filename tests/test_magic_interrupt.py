@@ -52,3 +52,21 @@ def test_real_interrupts_during_a_busy_cell(shell):
         assert "run_cell_magic" not in run.text
         assert "finished" not in shell.user_ns
         assert torch_state() == before
+
+
+def test_an_interrupt_during_the_report(shell, monkeypatch):
+    from jupyter_autograd.magic import AutogradMagics
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(AutogradMagics, "_show", interrupted)
+    # After a cell that ran through: the interrupt stops the cell ("Run All" stops too).
+    run = Run(shell, "%%autograd\nimport torch\nr = torch.ones(2) + 1\nr", "%%autograd")
+    assert isinstance(run.result.error_in_exec, KeyboardInterrupt) and "Out[" not in run.text
+    assert shell.magics_manager.registry["AutogradMagics"]._value is None
+    # After a cell that raised: the user's own exception is the one shown.
+    shell.user_ns["mine"] = ValueError("the user's own")
+    run = Run(shell, "%%autograd\nimport torch\nr = torch.ones(2) + 1\nraise mine", "%%autograd")
+    assert run.result.error_in_exec is shell.user_ns["mine"]
+    assert "KeyboardInterrupt" not in run.text
