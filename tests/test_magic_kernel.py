@@ -76,6 +76,6 @@ def test_an_interrupt_stops_run_all(kernel, first_line):
     assert replies[busy]["status"] == "error" and replies[busy]["ename"] == "KeyboardInterrupt"
     assert replies[queued]["status"] == "aborted"
     assert all(frame.startswith("Cell In[N]") for frame in frames(replies[busy]))
-    check, messages = execute(client, "'finished' in globals(), 'next_cell_ran' in globals(), "
+    _, messages = execute(client, "'finished' in globals(), 'next_cell_ran' in globals(), "
                                       "torch._C._len_torch_function_stack()")
     assert results(messages) == ["(False, False, 0)"]
