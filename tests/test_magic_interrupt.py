@@ -40,7 +40,7 @@ def test_real_interrupts_during_a_busy_cell(shell):
     cell = ("%%autograd -q\nx = torch.ones(3, requires_grad=True)\nfor i in range(10**7):\n"
             "    y = (x * i).sum()\n    y.backward()\nfinished = True\n")
     for k in range(8):
-        timer = threading.Timer(0.3 + 0.013 * k, os.kill, (os.getpid(), signal.SIGINT))
+        timer = threading.Timer(0.6 + 0.013 * k, os.kill, (os.getpid(), signal.SIGINT))
         timer.start()
         try:
             run = Run(shell, cell, "%%autograd -q")
