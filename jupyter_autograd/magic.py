@@ -1,17 +1,46 @@
-"""The `%%autograd` cell magic. The only module that touches the IPython shell."""
-from __future__ import annotations
+"""The `%%autograd` cell magic. The only module that touches the IPython shell.
 
+IPython runs a `%%autograd` cell itself, as it runs any cell, so that the cell behaves exactly as
+without the magic: top-level `await`, the shell's own `__future__` flags, `;` and
+`ast_node_interactivity` for Out[], IPython's short tracebacks with the cell's name and line.
+`_CellRewrite` makes this possible in the two steps IPython offers:
+
+- on the cell's text, before IPython would turn the whole cell into one `run_cell_magic(...)`
+  call, the first line `%%autograd FLAGS` becomes the string `'%%autograd FLAGS'`; every other
+  line stays where it was;
+- on its syntax tree, the cell's statements go inside `with <capture>:`, and the value of a last
+  expression is handed out of the block, so that IPython shows it after the report and nothing
+  of that display is recorded.
+
+An exception leaves the `with` untouched, so IPython shows the same traceback as without the
+magic. The magic function itself serves `%%autograd?`, `-h`, bad flags (a UsageError) and the
+cells IPython did not rewrite.
+"""
 import ast
+import builtins
+import keyword
+import os
+import re
+import sys
 
 from IPython.core.error import UsageError
+from IPython.core.inputtransformer2 import leading_indent
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .capture import capture, warn
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the tool's own frames
+_TORCH_DISPATCH = os.path.join("torch", "overrides.py")
+_FIRST_LINE = re.compile(r"%%autograd(?:[ \t]+(.*))?")
+# The rewritten cell reaches the magic by name, as IPython's own rewrites reach the shell
+# (`get_ipython().run_cell_magic(...)`): no variable of ours enters the user's namespace.
+_MAGICS = "get_ipython().magics_manager.registry['AutogradMagics']"
+
 
 @magics_class
 class AutogradMagics(Magics):
+    _value = None  # the value of a rewritten cell's last expression, on its way out of the block
 
     @magic_arguments()
     @argument("-o", "--output", metavar="NAME", default=None,
@@ -20,70 +49,64 @@ class AutogradMagics(Magics):
               help="Record, but display nothing unless a problem was found.")
     @argument("--text", action="store_true",
               help="Show the plain-text report instead of the interactive widget.")
+    @argument("--nan", action="store_true",
+              help="Also find the first backward node that turned finite gradients into NaN or Inf, with "
+                   "the forward line and the input values that caused it (backward runs slower). Without "
+                   "it, leaves that got non-finite gradients are still reported.")
     @cell_magic
     def autograd(self, line, cell):
         """Run the cell exactly as usual while recording PyTorch's autograd, then show the graph
         and say which line breaks backward (and how to fix it).
 
-        The cell's last expression is still its result; its exceptions propagate unchanged.
-        Only the thread that runs the cell is recorded.
+        The cell's last expression is still its result; its exceptions and tracebacks are the
+        same as without the magic. Only the thread that runs the cell is recorded.
         """
         if {"-h", "--help"} & set(line.split()):
             print(self.autograd.__doc__)
             return None
-        try:
-            args = parse_argstring(self.autograd, line)
-        except UsageError:
-            raise
-        except SystemExit as exc:  # argparse's own exit on a bad flag
-            raise UsageError("%%%%autograd: could not parse flags %r; see %%%%autograd? for help" % line) from exc
-        if args.output is not None and not args.output.isidentifier():
-            raise UsageError("%%%%autograd -o takes a Python variable name, got %r" % args.output)
+        _parse(line)
+        return self._run_here(line, cell)
 
-        code, last_expr, filename = self._compile(line, cell)
+    def _run_here(self, line, cell):
+        """Run a cell that IPython did not rewrite (a direct `run_cell_magic` call, or a body that
+        starts with another cell magic): the same rewrite, run by the magic. Here, unlike in a
+        rewritten cell, tracebacks go through the magic and top-level `await` is not available."""
         shell = self.shell
-        result, error = None, None
-        recorder = capture(namespace=[shell.user_ns])
-        trace = recorder.trace
-        try:
-            with recorder:
-                exec(code, shell.user_ns)
-                if last_expr is not None:
-                    result = eval(last_expr, shell.user_ns)
-        except BaseException as exc:  # re-raised below, after the report
-            error = exc
-        if args.output is not None:
-            shell.user_ns[args.output] = trace
-        self._show(trace, args, filename)
-        if error is not None:
-            __tracebackhide__ = True  # noqa: F841
-            raise error
-        return result
+        source = _marker(line) + shell.transform_cell(cell)
+        # run_cell has already counted this cell: name the code after the cell the user sees.
+        filename = shell.compile.cache(source, max(1, shell.execution_count - 1),
+                                       raw_code="%%autograd " + line + "\n" + cell)
+        tree = _CellRewrite(shell).visit(shell.transform_ast(shell.compile.ast_parse(source, filename=filename)))
+        *statements, last = tree.body or [ast.Pass()]
+        for node in statements:
+            exec(shell.compile(ast.Module([node], []), filename, "exec"), shell.user_global_ns, shell.user_ns)
+        if isinstance(last, ast.Expr):
+            return eval(shell.compile(ast.Expression(last.value), filename, "eval"),
+                        shell.user_global_ns, shell.user_ns)
+        exec(shell.compile(ast.Module([last], []), filename, "exec"), shell.user_global_ns, shell.user_ns)
+        return None
 
-    def _compile(self, line, cell):
-        """Compile the body so that its line numbers are the notebook cell's (the magic is line 1)."""
-        shell = self.shell
-        source = shell.transform_cell(cell)
-        tree = shell.compile.ast_parse(source)
-        tree = shell.transform_ast(tree)
-        ast.increment_lineno(tree, 1)
-        full = "%%%%autograd %s\n%s" % (line, source) if line else "%%autograd\n" + source
-        # run_cell has already counted this cell (execution_count is the next one's): name our
-        # code after the cell the user sees, so tracebacks say "Cell In[N]" with the right N.
-        number = max(1, shell.execution_count - 1)
-        filename = shell.compile.cache(full, number, raw_code="%%autograd " + line + "\n" + cell)
-        last_expr = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = tree.body.pop()
-            last_expr = compile(ast.Expression(last.value), filename, "eval")
-        code = compile(tree, filename, "exec")
-        return code, last_expr, filename
+    # -- called by the rewritten cell ------------------------------------------------------------
+    def _cell(self, line):
+        self._value = None
+        return _CellCapture(self, _parse(line))
+
+    def _keep(self, value):
+        self._value = value
+
+    def _result(self):
+        value, self._value = self._value, None
+        return value
+
+    def _show_value(self, value):
+        sys.displayhook(value)
 
     def _show(self, trace, args, filename):
         if args.quiet and not trace.diagnoses:
             return
         try:
             from IPython.display import display
+            _show_first_line_as_typed(trace, filename)
             if args.text:
                 display({"text/plain": trace.report()}, raw=True)
             else:
@@ -97,13 +120,243 @@ class AutogradMagics(Magics):
                 pass
 
 
+class _CellCapture:
+    """The `with` around a rewritten cell's statements: records them, then shows the report."""
+
+    def __init__(self, magics, args):
+        self.magics = magics
+        self.args = args
+        self.recorder = capture(namespace=[magics.shell.user_ns], check_nan=args.nan)
+        self.filename = None
+
+    def __enter__(self):
+        self.filename = sys._getframe(1).f_code.co_filename  # the cell's name, for the widget's source
+        try:
+            self.recorder.__enter__()
+        except Exception as exc:  # the user's cell runs, recorded or not
+            self.recorder = None
+            warn("jupyter_autograd could not record this cell (%s: %s); it runs unrecorded"
+                 % (type(exc).__name__, exc))
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.recorder is None:
+            return False
+        if isinstance(exc, KeyboardInterrupt):
+            _end_traceback_before_the_tool(exc)
+        try:
+            self.recorder.__exit__(exc_type, exc, tb)
+            trace = self.recorder.trace
+            if self.args.output is not None:
+                self.magics.shell.user_ns[self.args.output] = trace
+            self.magics._show(trace, self.args, self.filename)
+        except KeyboardInterrupt:
+            self.magics._value = None  # a cell that stops keeps nothing of the user's alive
+            if exc is None:  # an interrupt during our report still stops "Run All"
+                raise
+            # else: the user's own exception is the one to see
+        return False
+
+
+class _CellRewrite:
+    """Turns a `%%autograd` cell into the user's statements inside `with <capture>:`. IPython
+    calls it twice per cell: on the cell's lines (an input transformer), then on its syntax tree
+    (an AST transformer)."""
+
+    # IPython's completeness check (the terminal's Enter) skips transformers marked so; this one
+    # must be skipped there, so that a `%%autograd` cell still ends with a blank line like any
+    # cell magic.
+    has_side_effects = True
+
+    def __init__(self, shell):
+        self.shell = shell
+
+    def __call__(self, lines):
+        flags = _flags(lines[0].rstrip()) if lines else None
+        body = lines[1:]
+        if flags is None or (body and body[0].startswith("%%")) or self not in self.shell.ast_transformers:
+            return lines  # not ours, or the magic function runs it
+        try:
+            _parse(flags)
+        except UsageError:
+            return lines  # the magic function says what is wrong with the flags
+        # An indented body is dedented as IPython dedents an indented cell.
+        return [_marker(flags)] + leading_indent(body)
+
+    def visit(self, tree):
+        line = _marked_flags(tree)
+        if line is None:
+            return tree
+        statements = tree.body[1:]
+        try:
+            tree.body = self._wrap(line, statements)
+        except Exception as exc:  # IPython unregisters a transformer that raises
+            warn("jupyter_autograd could not record this cell (%s: %s); it runs unrecorded"
+                 % (type(exc).__name__, exc))
+            tree.body = statements
+        ast.fix_missing_locations(tree)
+        return tree
+
+    def _wrap(self, line, statements):
+        # IPython compiles each top-level statement on its own, so a `from __future__` import works
+        # anywhere in a cell; inside the `with` it would not: it goes first.
+        futures = [s for s in statements if isinstance(s, ast.ImportFrom) and s.module == "__future__"]
+        code = [s for s in statements if not any(s is f for f in futures)]
+        wrapped = futures + self._with(line, code)
+        if self._compiles(wrapped):
+            return wrapped
+        # As IPython does: the statements before one that cannot compile (a `return` outside a
+        # function) run, then IPython reports that one with its usual short message.
+        for i, statement in enumerate(code):
+            if not self._compiles(futures + [statement]):
+                return futures + (self._with(line, code[:i]) if i else []) + code[i:]
+        return wrapped
+
+    def _compiles(self, statements):
+        flags = self.shell.compile.flags | (ast.PyCF_ALLOW_TOP_LEVEL_AWAIT if self.shell.autoawait else 0)
+        module = ast.fix_missing_locations(ast.Module(body=statements, type_ignores=[]))
+        try:
+            compile(module, "<cell>", "exec", flags, dont_inherit=True)
+        except (SyntaxError, ValueError):
+            return False
+        return True
+
+    def _with(self, line, code):
+        """`with <capture>: code`, then the cell's value, shown where IPython would show it."""
+        interactivity = self.shell.ast_node_interactivity
+        code = list(code)
+        last = code[-1] if code else None
+        if interactivity == "last_expr_or_assign" and _assigned_name(last):
+            last = ast.copy_location(ast.Expr(ast.Name(_assigned_name(last), ast.Load())), last)
+            code.append(last)
+        tail = []
+        if isinstance(last, ast.Expr) and interactivity != "none":
+            code[-1] = ast.copy_location(ast.Expr(_call("_keep", last.value)), last)
+            tail = [ast.Expr(_call("_result"))]
+        elif interactivity == "last" and last is not None:
+            # IPython shows the expression statements inside a last compound statement too.
+            code[-1] = _ShowExpressions().visit(last)
+            tail = [ast.Expr(_call("_result"))]  # so that the `with` itself is not run as 'single'
+        block = ast.With(items=[ast.withitem(context_expr=_call("_cell", ast.Constant(line)))],
+                         body=code or [ast.Pass()])
+        for node in [block] + tail:
+            node.lineno, node.col_offset = 1, 0  # line 1 is the magic's own line
+        return [block] + tail
+
+
+class _ShowExpressions(ast.NodeTransformer):
+    """What compiling in 'single' mode does: show each expression statement outside functions
+    and classes."""
+
+    def visit_Expr(self, node):
+        return ast.copy_location(ast.Expr(_call("_show_value", node.value)), node)
+
+    def visit_FunctionDef(self, node):
+        return node
+
+    visit_AsyncFunctionDef = visit_ClassDef = visit_FunctionDef
+
+
+def _end_traceback_before_the_tool(exc):
+    """An interrupt that landed in the tool's code (recording an op) reads as if it had landed
+    in the user's call: the traceback ends before the tool's frames and torch's frames that
+    only dispatched to them."""
+    tb, kept = exc.__traceback__, []
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if filename.startswith(_PACKAGE_DIR):
+            while kept and kept[-1].tb_frame.f_code.co_filename.endswith(_TORCH_DISPATCH):
+                kept.pop()
+            if kept:
+                kept[-1].tb_next = None
+            return
+        kept.append(tb)
+        tb = tb.tb_next
+
+
+def _parse(line):
+    """The flags, or a UsageError that says what is wrong with them."""
+    args = parse_argstring(AutogradMagics.autograd, line)
+    name = args.output
+    if name is not None:
+        if keyword.iskeyword(name):
+            raise UsageError("%%%%autograd -o %s: %r is a Python keyword, not a variable name" % (name, name))
+        if not name.isidentifier():
+            raise UsageError("%%%%autograd -o takes a Python variable name, got %r" % name)
+        if hasattr(builtins, name):
+            raise UsageError("%%%%autograd -o %s would shadow the builtin %r; choose another name" % (name, name))
+    return args
+
+
+def _flags(first_line):
+    """The flags of a line `%%autograd FLAGS`, else None."""
+    match = _FIRST_LINE.fullmatch(first_line)
+    return None if match is None else (match.group(1) or "").strip()
+
+
+def _marker(line):
+    return repr(("%%autograd " + line).rstrip()) + "\n"
+
+
+def _marked_flags(tree):
+    """The flags of a cell whose first line `_CellRewrite` marked, else None."""
+    if not (isinstance(tree, ast.Module) and tree.body):
+        return None
+    first = tree.body[0]
+    if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str) and first.lineno == 1):
+        return _flags(first.value.value)
+    return None
+
+
+def _show_first_line_as_typed(trace, filename):
+    """In the report's copy of the cell, line 1 reads `%%autograd ...` again, not its marker.
+    (IPython's own copy keeps the marker: its tracebacks parse the cell's source.)"""
+    lines = trace.sources.get(filename)
+    if not lines:
+        return
+    try:
+        first = ast.literal_eval(lines[0])
+    except (SyntaxError, ValueError):
+        return
+    if isinstance(first, str) and _flags(first) is not None:
+        lines[0] = first + "\n"
+
+
+def _assigned_name(statement):
+    """The name a last `x = ...` assigns, which `ast_node_interactivity='last_expr_or_assign'` shows."""
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+        target = statement.targets[0]
+    elif isinstance(statement, (ast.AugAssign, ast.AnnAssign)):
+        target = statement.target
+    else:
+        return None
+    return target.id if isinstance(target, ast.Name) else None
+
+
+def _call(method, *args):
+    call = ast.parse("%s.%s()" % (_MAGICS, method), mode="eval").body
+    call.args = list(args)
+    return call
+
+
 def load(ipython):
+    _remove_rewrite(ipython)
     ipython.register_magics(AutogradMagics)
+    rewrite = _CellRewrite(ipython)
+    ipython.input_transformers_cleanup.append(rewrite)
+    ipython.ast_transformers.append(rewrite)
 
 
 def unload(ipython):
     magics = ipython.magics_manager.magics
-    for kind in ("cell",):
-        if magics[kind].get("autograd") is not None:
-            del magics[kind]["autograd"]
+    if magics["cell"].get("autograd") is not None:
+        del magics["cell"]["autograd"]
     ipython.magics_manager.registry.pop("AutogradMagics", None)
+    _remove_rewrite(ipython)
+
+
+def _remove_rewrite(ipython):
+    # By name, not identity: %reload_ext makes a new class.
+    for hooks in (ipython.input_transformers_cleanup, ipython.ast_transformers):
+        hooks[:] = [hook for hook in hooks if type(hook).__qualname__ != "_CellRewrite"
+                    or type(hook).__module__ != __name__]

@@ -1,0 +1,72 @@
+"""An interrupt (the kernel's SIGINT) stops a %%autograd cell as it stops a plain one: the cell
+fails with KeyboardInterrupt ("Run All" stops), its traceback shows the user's frames only, and
+nothing of the tool stays installed."""
+import os
+import signal
+import threading
+
+import torch
+
+from .test_magic_invisible import PLAIN_FIRST_LINE, Run
+
+
+def torch_state():
+    return (torch._C._len_torch_function_stack(), torch.is_grad_enabled(), torch.is_anomaly_enabled(),
+            torch.autograd.function.Function.__dict__["apply"].__func__.__name__)
+
+
+def test_an_interrupt_in_the_tools_code_ends_at_the_users_line(shell, monkeypatch):
+    from jupyter_autograd.capture.recorder import Recorder
+
+    def interrupted(*args, **kwargs):  # as if SIGINT arrived while the tool records an op
+        raise KeyboardInterrupt
+
+    before = torch_state()
+    plain = Run(shell, PLAIN_FIRST_LINE + "\nimport torch\nraise KeyboardInterrupt\nafter = True\n",
+                PLAIN_FIRST_LINE)
+    monkeypatch.setattr(Recorder, "_record", interrupted)
+    magic = Run(shell, "%%autograd -q\nimport torch\nx = torch.ones(2) * 2\nafter = True\n", "%%autograd -q")
+    assert isinstance(magic.result.error_in_exec, KeyboardInterrupt) and not magic.result.success
+    assert magic.frames == plain.frames == ["Cell In[N], line 3"]
+    assert "jupyter_autograd" not in magic.text and "skipping hidden" not in magic.text
+    assert "after" not in shell.user_ns
+    assert torch_state() == before
+
+
+def test_real_interrupts_during_a_busy_cell(shell):
+    """SIGINTs at varying moments of an op-heavy loop: many land in the tool's code."""
+    before = torch_state()
+    shell.run_cell("import torch")
+    cell = ("%%autograd -q\nx = torch.ones(3, requires_grad=True)\nfor i in range(10**7):\n"
+            "    y = (x * i).sum()\n    y.backward()\nfinished = True\n")
+    for k in range(8):
+        timer = threading.Timer(0.6 + 0.013 * k, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            run = Run(shell, cell, "%%autograd -q")
+        finally:
+            timer.cancel()
+        assert isinstance(run.result.error_in_exec, KeyboardInterrupt)
+        assert run.frames[0].startswith("Cell In[N], line "), run.text
+        assert "jupyter_autograd" not in run.text and "skipping hidden" not in run.text
+        assert "run_cell_magic" not in run.text
+        assert "finished" not in shell.user_ns
+        assert torch_state() == before
+
+
+def test_an_interrupt_during_the_report(shell, monkeypatch):
+    from jupyter_autograd.magic import AutogradMagics
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(AutogradMagics, "_show", interrupted)
+    # After a cell that ran through: the interrupt stops the cell ("Run All" stops too).
+    run = Run(shell, "%%autograd\nimport torch\nr = torch.ones(2) + 1\nr", "%%autograd")
+    assert isinstance(run.result.error_in_exec, KeyboardInterrupt) and "Out[" not in run.text
+    assert shell.magics_manager.registry["AutogradMagics"]._value is None
+    # After a cell that raised: the user's own exception is the one shown.
+    shell.user_ns["mine"] = ValueError("the user's own")
+    run = Run(shell, "%%autograd\nimport torch\nr = torch.ones(2) + 1\nraise mine", "%%autograd")
+    assert run.result.error_in_exec is shell.user_ns["mine"]
+    assert "KeyboardInterrupt" not in run.text
