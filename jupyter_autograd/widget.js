@@ -243,8 +243,8 @@ function render({ model, el: root }) {
       nodeLayer.append(g);
     }
     content.replaceChildren(boxLayer, edgeLayer, nodeLayer);
-    note.textContent = scene.note;
-    note.style.display = scene.note ? "" : "none";
+    note.textContent = placed.size ? scene.note : "No autograd graph was recorded: nothing in the block required grad.";
+    note.style.display = note.textContent ? "" : "none";
     markNodes();
     applyView();
     const ms = performance.now() - started;

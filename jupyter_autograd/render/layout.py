@@ -34,7 +34,7 @@ import networkx as nx
 from ..model import Trace
 
 MAX_CHILDREN = 40        # children of one box before its contents are chunked
-FIRST_VIEW_ITEMS = 16    # the model's own levels open by themselves up to this many things shown
+FIRST_VIEW_ITEMS = 10    # the model's own levels open by themselves up to this many things shown
 EAGER_ITEMS = 3000       # items laid out before the first screen; deeper boxes on request
 ROOT = ""                # the id of the outermost box (the cell itself)
 FOLD = "fold"            # the item standing for the iterations not shown
@@ -55,6 +55,7 @@ class Item:
     parent: str = ROOT
     pos: float = 0.0       # place in the operation order (boxes hold runs of it)
     problem: bool = False
+    line: int = 0          # the line in the user's file that made it, 0 when elsewhere
 
 
 @dataclass(slots=True)
@@ -68,6 +69,7 @@ class Box:
     first: float = 0.0     # the run of operations it holds
     children: List[str] = field(default_factory=list)
     count: int = 0         # items inside, at any depth
+    lines: Tuple[int, int] = (0, 0)  # first and last line of the user's file inside (chunks)
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Scene:
     note: str = ""
     total_nodes: int = 0   # grad_fn nodes in the whole trace
     shown_nodes: int = 0   # of them, in the iteration drawn
+    _lifted: Optional[Dict[str, Set[Tuple[str, str]]]] = None
 
     # -- hierarchy helpers -----------------------------------------------------------------------
     def parent_of(self, node_id: str) -> Optional[str]:
@@ -109,27 +112,33 @@ class Scene:
 
     def lifted_edges(self) -> Dict[str, Set[Tuple[str, str]]]:
         """For each box, the edges between its children that the item-level edges imply."""
-        def chain(x: str) -> List[str]:
-            out = [x]
-            while True:
-                p = self.parent_of(out[-1])
-                if p is None:
-                    return out
-                out.append(p)
-                if p == ROOT:
-                    return out
+        if self._lifted is not None:
+            return self._lifted
+        depth: Dict[str, int] = {ROOT: 0}
+
+        def depth_of(x: str) -> int:
+            d = depth.get(x)
+            if d is None:
+                d = depth[x] = depth_of(self.parent_of(x)) + 1
+            return d
 
         out: Dict[str, Set[Tuple[str, str]]] = defaultdict(set)
-        cache: Dict[str, List[str]] = {}
         for u, v, _ in self.edges:
-            cu = cache.get(u) or cache.setdefault(u, chain(u))
-            cv = cache.get(v) or cache.setdefault(v, chain(v))
-            common = set(cu) & set(cv)
-            i = next(k for k, b in enumerate(cu) if b in common)
-            j = cv.index(cu[i])
-            if i == 0 or j == 0:
+            pu, pv = self.parent_of(u), self.parent_of(v)
+            if pu == pv:  # the common case: two things in one box
+                out[pu].add((u, v))
                 continue
-            out[cu[i]].add((cu[i - 1], cv[j - 1]))
+            du, dv = depth_of(u), depth_of(v)
+            while du > dv:
+                u, pu, du = pu, self.parent_of(pu), du - 1
+            while dv > du:
+                v, pv, dv = pv, self.parent_of(pv), dv - 1
+            while pu != pv:
+                u, pu = pu, self.parent_of(pu)
+                v, pv = pv, self.parent_of(pv)
+            if u != v:
+                out[pu].add((u, v))
+        self._lifted = out
         return out
 
     # -- what the front end receives -------------------------------------------------------------
@@ -264,6 +273,8 @@ def _short_name(name: str) -> str:
 
 
 def _clip(text: str, width: int = MAX_CHARS) -> str:
+    if len(text) <= width and "\n" not in text and "  " not in text:
+        return text
     text = " ".join(text.split())
     return text if len(text) <= width else text[:width - 1] + "\u2026"
 
@@ -320,6 +331,9 @@ def _items(trace: Trace, scene: Scene, keys: Set[int], lo: int, folded: int) -> 
         else:
             items[nid] = Item(nid, "fn", _clip(n.name), _clip(where(n.created_by)), n.name, pos=pos,
                               problem=key in problem_keys)
+        op = ops[n.created_by] if n.created_by is not None and 0 <= n.created_by < len(ops) else None
+        if op is not None and op.location is not None and op.location.filename == here:
+            items[nid].line = op.location.line
     for key in keys:
         n = nodes[key]
         for child in n.inputs:
@@ -467,7 +481,9 @@ def _chunk(scene: Scene, parent: str, children: List[str], max_children: int) ->
             scene.boxes[parent].children = list(children)
         return
     ordered = sorted(children, key=lambda c: _first(scene, c))
-    size = int(math.ceil(len(ordered) / max_children))
+    # At most max_children chunks, each of at least max_children things (no tiny chunks).
+    n_chunks = min(max_children, int(math.ceil(len(ordered) / max_children)))
+    size = int(math.ceil(len(ordered) / n_chunks))
     new_children = []
     for start in range(0, len(ordered), size):
         run = ordered[start:start + size]
@@ -476,14 +492,17 @@ def _chunk(scene: Scene, parent: str, children: List[str], max_children: int) ->
             continue
         cid = "c:%s:%d" % (parent, start)
         count = sum(scene.boxes[c].count if c in scene.boxes else 1 for c in run)
-        lines = sorted({int(x) for x in _lines(scene, run)})
+        lines = sorted(set(_lines(scene, run)))
         kinds = Counter(scene.items[c].name.split(" ")[0] for c in run if c in scene.items
                         and scene.items[c].kind in ("fn", "tensor"))
         top = ", ".join("%s x%d" % (k, v) for k, v in kinds.most_common(2))
         label = ("lines %d-%d" % (lines[0], lines[-1]) if len(lines) > 1 else "line %d" % lines[0]) if lines else \
             "operations"
+        first_op, last_op = int(_first(scene, run[0])) + 1, int(_first(scene, run[-1])) + 1
+        label += ", ops %d-%d" % (max(first_op, 0), max(last_op, 0)) if last_op > first_op else ""
         scene.boxes[cid] = Box(cid, "chunk", "%s (%d nodes)" % (label, count), _clip(top), label, parent,
-                               first=_first(scene, run[0]), count=count)
+                               first=_first(scene, run[0]), count=count,
+                               lines=(lines[0], lines[-1]) if lines else (0, 0))
         for c in run:
             if c in scene.boxes:
                 scene.boxes[c].parent = cid
@@ -500,13 +519,11 @@ def _chunk(scene: Scene, parent: str, children: List[str], max_children: int) ->
 def _lines(scene: Scene, run: List[str]) -> List[int]:
     out = []
     for c in run:
-        x = scene.items.get(c)
-        if x is not None and x.sub.startswith("line "):
-            try:
-                out.append(int(x.sub.split()[1]))
-            except (IndexError, ValueError):
-                pass
-    return out
+        if c in scene.items:
+            out.append(scene.items[c].line)
+        else:
+            out.extend(scene.boxes[c].lines)
+    return [x for x in out if x]
 
 
 def children_of(scene: Scene, box: str) -> List[str]:
@@ -536,17 +553,18 @@ def _focus(trace: Trace, scene: Scene) -> None:
             start = next((p for c in core for p in preds[c] if p.startswith("fn")), None)
         if start is None:
             continue
-        # The way up to the root (shortest), drawn through the closed boxes it crosses.
-        back, queue, top = {start: None}, deque([start]), start
+        # The way up to the root (the source made last: the loss, not a side result), drawn
+        # through the closed boxes it crosses.
+        back, queue, tops = {start: None}, deque([start]), []
         while queue:
             n = queue.popleft()
             if not preds[n]:
-                top = n
-                break
+                tops.append(n)
             for p in preds[n]:
                 if p not in back and p.startswith("fn"):
                     back[p] = n
                     queue.append(p)
+        top = max(tops, key=lambda n: items[n].pos) if tops else start
         path, n = [], top
         while n is not None:
             path.append(n)
