@@ -43,7 +43,10 @@ function parseScene(raw) {
 function render({ model, el: root }) {
   const uid = "ja" + Math.random().toString(36).slice(2, 10);
   root.classList.add("ja-root");
-  // JupyterLab's command-mode shortcuts must not eat the keys typed in the widget.
+  // JupyterLab's command-mode shortcuts must not eat the keys typed in the widget. Lumino stops
+  // looking at the first element that carries the mark or matches a shortcut's selector, and
+  // Notebook 7's selectors match any focused element (`... :focus`): so the focusable elements
+  // carry it too (below).
   root.setAttribute("data-lm-suppress-shortcuts", "true");
   const header = el("div", "ja-header");
   header.append(el("span", "ja-title", "jupyter-autograd"), el("span", "ja-summary"));
@@ -93,6 +96,7 @@ function render({ model, el: root }) {
   slider.type = "range";
   slider.min = "-1"; // -1: before the first operation, so the thumb never sits at a random place
   slider.value = "-1";
+  for (const focusable of [find, pane, slider]) focusable.setAttribute("data-lm-suppress-shortcuts", "true");
   const stepLabel = el("div", "ja-step");
   timeline.append(el("span", "ja-caption", "timeline"), slider, stepLabel);
   const source = el("div", "ja-source");

@@ -337,7 +337,7 @@ def static_html(trace: Trace, scene: Optional[layout.Scene] = None) -> str:
              # Reopened without a kernel, JupyterLab cannot draw the widget output that follows this one
              # and says so; this picture stands in for it, so hide that message (trusted notebooks only).
              '<style>.jp-OutputArea-child:has(.ja-static) + .jp-OutputArea-child:not(:has(.ja-root))'
-             ' .jupyter-widgets { display: none; }</style>',
+             ' { display: none; }</style>',
              '<div style="font-weight: 700">jupyter-autograd: %s</div>' % esc(
                  "%d problem%s found" % (len(trace.diagnoses), "" if len(trace.diagnoses) == 1 else "s")
                  if trace.diagnoses else "no problems found")]
@@ -362,7 +362,7 @@ def static_html(trace: Trace, scene: Optional[layout.Scene] = None) -> str:
     return "".join(parts)
 
 
-def display_trace(trace: Trace, filename: Optional[str] = None) -> "AutogradWidget":
+def display_trace(trace: Trace, filename: Optional[str] = None) -> None:
     """Show the static pictures and the widget as two outputs: the first stands in for the
     second wherever the widget cannot be drawn (no kernel, GitHub, nbconvert); where it can,
     the widget's CSS hides the first."""
@@ -372,7 +372,6 @@ def display_trace(trace: Trace, filename: Optional[str] = None) -> "AutogradWidg
     widget._static_elsewhere = True
     display(static_bundle(trace), raw=True)
     display(widget)
-    return widget
 
 
 def save_html(trace: Trace, path, filename: Optional[str] = None) -> pathlib.Path:
