@@ -88,13 +88,13 @@ class AutogradWidget(anywidget.AnyWidget):
     # -- static pictures ---------------------------------------------------------------------------
     def static_bundle(self) -> Dict[str, str]:
         """text/html (the first view as SVG and the diagnoses, escaped), image/png, text/plain."""
-        return static_bundle(self._trace)
+        return static_bundle(self._trace, self._scene)
 
     def _repr_mimebundle_(self, **kwargs):
         bundle = super()._repr_mimebundle_(**kwargs)
         data = bundle[0] if isinstance(bundle, tuple) else bundle
         if not self._static_elsewhere:
-            data.update(static_bundle(self._trace))
+            data.update(static_bundle(self._trace, self._scene))
         data["text/plain"] = text_report(self._trace)
         return bundle
 
@@ -312,11 +312,13 @@ def _diagnosis_dict(d) -> Dict:
 
 # -- static pictures, for wherever the widget cannot live ------------------------------------------
 
-def static_bundle(trace: Trace) -> Dict[str, str]:
-    """The first view and the diagnoses without JavaScript: text/html, image/png, text/plain."""
+def static_bundle(trace: Trace, scene: Optional[layout.Scene] = None) -> Dict[str, str]:
+    """The first view and the diagnoses without JavaScript: text/html, image/png, text/plain.
+
+    `scene`: the widget's, when it still has it (large graphs); else built again (small ones)."""
     from .render import draw
 
-    scene = layout.build_scene(trace)
+    scene = scene or layout.build_scene(trace)
     title = trace.diagnoses[0].title if trace.diagnoses else ""
     bundle = {"text/html": static_html(trace, scene), "text/plain": text_report(trace)}
     try:
@@ -370,7 +372,7 @@ def display_trace(trace: Trace, filename: Optional[str] = None) -> None:
 
     widget = AutogradWidget(trace, filename=filename)
     widget._static_elsewhere = True
-    display(static_bundle(trace), raw=True)
+    display(widget.static_bundle(), raw=True)
     display(widget)
 
 
