@@ -249,6 +249,9 @@ def test_widget_in_a_real_browser(server, page):
                            timeout=30_000)
     assert "d v1" in small.locator(".ja-step").inner_text()
     assert small.locator(".ja-title").evaluate("n => n.getBoundingClientRect().height") < 24  # one line
+    if app == "lab":
+        DOCS.mkdir(exist_ok=True)
+        small.screenshot(path=str(DOCS / "widget.png"))
 
     # -- zoom, pan, fit, keyboard -----------------------------------------------------------------
     pane = small.locator(".ja-graph")
