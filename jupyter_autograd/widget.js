@@ -595,10 +595,13 @@ function render({ model, el: root }) {
       centerOn([id], Math.max(view.k, 1));
     }
   }
+  // Another diagnosis picked: open the way to its nodes and bring them into view.
   function onHighlight() {
-    const missing = reveal(model.get("highlight_nodes").filter((id) => scene.items.has(id)));
+    const ids = model.get("highlight_nodes").filter((id) => scene.items.has(id));
+    const missing = reveal(ids);
     if (missing.length) requestLayout(missing);
     drawGraph();
+    if (positioned && ids.length) centerOn(ids, Math.max(view.k, MIN_READABLE));
   }
 
   drawSummary();

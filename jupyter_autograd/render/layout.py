@@ -100,12 +100,6 @@ class Scene:
             parent = self.boxes[parent].parent
         return out
 
-    def is_acyclic(self, box: str = ROOT) -> bool:
-        g = nx.DiGraph()
-        g.add_nodes_from(self.boxes[box].children if box else self._root_children())
-        g.add_edges_from(self.lifted_edges().get(box, ()))
-        return nx.is_directed_acyclic_graph(g)
-
     def _root_children(self) -> List[str]:
         return [i for i, x in self.items.items() if x.parent == ROOT] + [
             b for b, x in self.boxes.items() if x.parent == ROOT]
