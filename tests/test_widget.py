@@ -1,5 +1,6 @@
 """The widget's model without a kernel: traits in, panels out; static fallbacks; escaping."""
 import base64
+import re
 import time
 
 import pytest
@@ -245,3 +246,18 @@ def test_modules_are_not_kept_alive_by_the_trace():
     gc.collect()
     assert ref() is None
     assert any(op.module == ("net", "net.0") for op in trace.ops)
+
+
+def test_saved_html_is_one_file_with_everything_inline_and_escaped(tmp_path):
+    from jupyter_autograd.widget import save_html
+
+    with ja.capture() as trace:
+        t = torch.ones(2, requires_grad=True)
+        u = t.exp()
+        u += len("</script><img src=x onerror=alert(1)>")
+    text = save_html(trace, tmp_path / "report.html").read_text()
+    assert text.count("<script") == 2 and "</script><img" not in text and "<img" not in text
+    # Nothing loaded from elsewhere (no CDN, no server); strings from the cell are JSON with `<` escaped.
+    assert not re.findall(r"<(?:script|link|img|iframe)[^>]*(?:src|href)=", text)
+    assert "export default" in text and ".ja-root" in text  # widget.js and widget.css inline
+    assert "A tensor saved for backward was modified in place" in text  # the static view, before the script runs
