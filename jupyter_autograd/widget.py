@@ -190,6 +190,10 @@ class AutogradWidget(anywidget.AnyWidget):
             return self._op_details(int(node[2:]))
         if node.startswith(("m:", "c:")):
             return self._group_details(node)
+        if node == layout.FOLD:
+            return {"kind": "group", "title": "other iterations (folded)",
+                    "rows": [["", self.scene.get("note", "")],
+                             ["", "the view shows one iteration: the one with the problem, else the last"]]}
         return {"title": node, "rows": [["", "nothing is known about this node"]]}
 
     def _tensor_details(self, tid: int) -> Dict:

@@ -162,6 +162,9 @@ def test_training_loop_shows_one_iteration_and_folds_the_rest():
     assert layout.FOLD in many.items and "12 backward calls" in many.note
     assert "folded" in many.note
     every_box_acyclic(many)
+    w = AutogradWidget(train(resnet(1), steps=3))
+    w.selected = layout.FOLD
+    assert "folded" in w.details["title"] and "3 backward calls" in w.details["rows"][0][1]
 
 
 def test_huge_graph_is_grouped_and_small_on_the_wire():
