@@ -70,6 +70,21 @@ def resnet_step(blocks=8):
     return trace
 
 
+def mlp_loop(steps=150):
+    """A plain training loop with no bug: the view must not grow with the number of steps."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    with ja.capture(namespace={"model": model}) as trace:
+        for _ in range(steps):
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return trace
+
+
 def chain(nodes):
     x = torch.randn(4, requires_grad=True)
     with ja.capture() as trace:
@@ -129,7 +144,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     big, huge = (2_000, 10_000) if args.quick else (10_000, 100_000)
-    workloads = [("GPT-2 tiny step", gpt2_tiny, 300), ("ResNet-style step (8 blocks)", resnet_step, 300)]
+    workloads = [("GPT-2 tiny step", gpt2_tiny, 300), ("ResNet-style step (8 blocks)", resnet_step, 300),
+                 ("MLP loop, %d steps (folded)" % (40 if args.quick else 150), lambda: mlp_loop(40 if args.quick
+                                                                                     else 150), 300)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, make, budget in workloads:
