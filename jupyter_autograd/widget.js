@@ -8,7 +8,7 @@ const SVG = "http://www.w3.org/2000/svg";
 // The same numbers as render/layout.py, so the static picture looks like this one.
 const NODE_H = 36, BOX_H = 40, HEADER_H = 22, PAD = 10, GAP_X = 16, GAP_Y = 30, ROW_MAX = 8;
 const CHAR_W = 7, MIN_W = 64, MAX_W = 250;
-const MIN_READABLE = 11 / 12; // the scale under which 12 px labels drop below 11 px
+const MIN_READABLE = 1; // the first view's scale: 11 px sublabels stay at 11 px (the minimum)
 
 function el(tag, cls, text) {
   const node = document.createElement(tag);

@@ -93,9 +93,10 @@ class AutogradWidget(anywidget.AnyWidget):
     def _repr_mimebundle_(self, **kwargs):
         bundle = super()._repr_mimebundle_(**kwargs)
         data = bundle[0] if isinstance(bundle, tuple) else bundle
-        if not self._static_elsewhere:
+        if self._static_elsewhere:  # the output before this one has the report and the pictures
+            data["text/plain"] = "(jupyter-autograd: the interactive view of the report above)"
+        else:
             data.update(static_bundle(self._trace, self._scene))
-        data["text/plain"] = text_report(self._trace)
         return bundle
 
     def offline_state(self, max_steps: int = 3000) -> Dict:

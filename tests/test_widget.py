@@ -154,6 +154,7 @@ def test_display_trace_puts_the_static_view_in_an_output_of_its_own():
     static, widget = captured.outputs
     assert {"text/html", "image/png", "text/plain"} <= set(static.data)
     assert "application/vnd.jupyter.widget-view+json" in widget.data and "text/html" not in widget.data
+    assert "saved-tensor-modified" in static.data["text/plain"] and len(widget.data["text/plain"]) < 80
 
 
 def test_strings_from_the_cell_are_escaped_and_drawn_as_typed():
