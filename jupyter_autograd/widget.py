@@ -1,24 +1,33 @@
-"""The interactive widget: graph (click a node), details, timeline, diagnoses, source.
+"""The interactive widget: graph (module boxes, zoom, find), details, timeline, diagnoses, source.
 
-All state lives in synced traits computed here from the Trace, so the widget is testable
-without a browser: set `selected`, `step` or `selected_diagnosis` and read `details`,
-`step_info`, `highlight_lines`. The front end (widget.js) only draws those traits and sets
-the three inputs; it writes every string with textContent, and the SVG comes from
-matplotlib, which escapes text.
+Python computes what to show (render.layout: nodes, edges, module boxes, layers) and sends
+it as plain lists in the `scene` trait; widget.js places and draws it as SVG elements,
+opens and closes boxes, zooms and pans locally. The kernel is asked only for what it must
+compute: the details of a clicked node, a step of the timeline, a box that was not laid out
+before the first screen (`expanded`). Every string reaches the page through textContent.
+
+The widget keeps the Trace (for details and the timeline) and the synced lists, nothing
+else: no matplotlib Figure, no networkx graph. The static pictures (SVG in text/html, PNG)
+are drawn when the widget is displayed and not kept.
+
+Without a widget front end (a notebook reopened without its kernel, GitHub, nbviewer,
+nbconvert) the mimebundle's text/html, image/png and text/plain show the first view and the
+diagnosis; `display_trace` puts them in an output of their own, shown only where the widget
+cannot live. `save_html(trace, path)` writes the interactive view into one HTML file.
 """
 from __future__ import annotations
 
 import base64
+import html
 import pathlib
 import time
-from collections import Counter
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import anywidget
 import traitlets as t
 
 from .model import Trace
-from .render import draw, layout
+from .render import layout
 from .render.text import graph_summary, text_report
 
 _HERE = pathlib.Path(__file__).parent
@@ -28,7 +37,7 @@ class AutogradWidget(anywidget.AnyWidget):
     _esm = _HERE / "widget.js"
     _css = _HERE / "widget.css"
 
-    svg = t.Unicode("").tag(sync=True)
+    scene = t.Dict().tag(sync=True)
     summary = t.Unicode("").tag(sync=True)
     error = t.Unicode("").tag(sync=True)
     diagnoses = t.List(t.Dict()).tag(sync=True)
@@ -44,70 +53,96 @@ class AutogradWidget(anywidget.AnyWidget):
     current_line = t.Int(0).tag(sync=True)
     source = t.List(t.Dict()).tag(sync=True)
     source_name = t.Unicode("").tag(sync=True)
-    expanded = t.List(t.Unicode()).tag(sync=True)
-    grouped = t.Bool(False).tag(sync=True)
+    expanded = t.List(t.Unicode()).tag(sync=True)   # boxes the front end opened that were not laid out
+    grouped = t.Bool(False).tag(sync=True)          # the graph is drawn in boxes
     node_count = t.Int(0).tag(sync=True)
     render_ms = t.Float(0.0).tag(sync=True)
 
-    def __init__(self, trace: Trace, filename: Optional[str] = None, max_nodes: int = layout.DEFAULT_MAX_NODES,
+    def __init__(self, trace: Trace, filename: Optional[str] = None, max_children: int = layout.MAX_CHILDREN,
                  **kwargs):
         if not isinstance(trace, Trace):
             raise TypeError("AutogradWidget(trace) takes the Trace from `with jupyter_autograd.capture() as trace:`"
                             " or from `%%%%autograd -o NAME`; got %s" % type(trace).__name__)
         super().__init__(**kwargs)
         self._trace = trace
-        self._max_nodes = max_nodes
-        self._graph = layout.full_graph(trace)
-        self._view: Optional[layout.View] = None
-        self._figure = None
+        self._max_children = max_children
+        self._static_elsewhere = False   # display_trace shows the static pictures in an output of their own
+        start = time.perf_counter()
+        scene = layout.build_scene(trace, max_children)
+        self.scene = scene.to_json()
+        # Kept only while some boxes still have to be laid out on request (large graphs).
+        self._scene = scene if len(scene.layers) < len(scene.boxes) + 1 else None
+        self.grouped = bool(scene.boxes)
+        self.node_count = scene.total_nodes
+        self.render_ms = (time.perf_counter() - start) * 1000
         self.summary = graph_summary(trace)
         self.error = trace.error or ""
         self.diagnoses = [_diagnosis_dict(d) for d in trace.diagnoses]
-        self.source_name = filename or _main_file(trace)
+        self.source_name = filename or layout.main_file(trace)
         self.source = [{"line": i, "text": text.rstrip("\n")}
                        for i, text in enumerate(trace.sources.get(self.source_name, []), 1)]
         self.n_steps = len(trace.ops)
-        self._render()
         if trace.diagnoses:
             self.selected_diagnosis = 0
 
-    # -- rendering -----------------------------------------------------------------------------
-    def _render(self):
-        start = time.perf_counter()
-        self._view = layout.build_view(self._trace, self._max_nodes, frozenset(self.expanded), self._graph)
-        title = self._trace.diagnoses[0].title if self._trace.diagnoses else ""
-        self._figure = draw.figure(self._view, title)
-        self.svg = draw.to_svg(self._figure)
-        self.grouped = self._view.grouped
-        self.node_count = self._view.total_nodes
-        self.render_ms = (time.perf_counter() - start) * 1000
+    # -- static pictures ---------------------------------------------------------------------------
+    def static_bundle(self) -> Dict[str, str]:
+        """text/html (the first view as SVG and the diagnoses, escaped), image/png, text/plain."""
+        return static_bundle(self._trace, self._scene)
 
     def _repr_mimebundle_(self, **kwargs):
         bundle = super()._repr_mimebundle_(**kwargs)
         data = bundle[0] if isinstance(bundle, tuple) else bundle
-        try:
-            data["image/png"] = base64.b64encode(draw.to_png(self._figure)).decode("ascii")
-        except Exception:
-            pass  # the picture is a fallback; the widget and the text still show
-        data["text/plain"] = text_report(self._trace)
+        if self._static_elsewhere:  # the output before this one has the report and the pictures
+            data["text/plain"] = "(jupyter-autograd: the interactive view of the report above)"
+        else:
+            data.update(static_bundle(self._trace, self._scene))
         return bundle
+
+    def offline_state(self, max_steps: int = 3000) -> Dict:
+        """Every trait, with the answers the kernel would give precomputed (for save_html)."""
+        names = [n for n in self.trait_names(sync=True) if not n.startswith("_") and n not in (
+            "layout", "tabbable", "tooltip", "comm", "keys", "log")]
+        if self._scene is not None and len(self._scene.items) <= 20_000:  # a file holds every box laid out
+            layout.lay_out(self._scene, list(self._scene.boxes))
+            self.scene = self._scene.to_json()
+        state = {n: getattr(self, n) for n in names}
+        ids = [row[0] for row in self.scene.get("items", [])] + [row[0] for row in self.scene.get("boxes", [])]
+        details = {i: self.details_for(i) for i in ids}
+        steps = {}
+        for i in range(min(len(self._trace.ops), max_steps)):
+            self.step = i
+            steps[i] = {"step_info": self.step_info, "current_line": self.current_line, "step_nodes": self.step_nodes}
+        self.step = -1
+        marks = {}
+        for i in range(len(self._trace.diagnoses)):
+            self.selected_diagnosis = i
+            marks[i] = {"highlight_nodes": self.highlight_nodes, "highlight_lines": self.highlight_lines,
+                        "selected": self.selected}
+        self.selected_diagnosis = 0 if self._trace.diagnoses else -1
+        state["selected"] = self.selected
+        state["details"] = self.details
+        return {"state": state, "details": details, "steps": steps, "marks": marks}
 
     def __repr__(self) -> str:  # cheap: no trait serialisation
         return "<AutogradWidget: %d nodes, %d diagnoses>" % (self.node_count, len(self.diagnoses))
 
     # -- inputs from the front end ----------------------------------------------------------------
+    @t.observe("expanded")
+    def _on_expanded(self, change):
+        if self._scene is None:
+            return
+        start = time.perf_counter()
+        if layout.lay_out(self._scene, change["new"]):
+            self.scene = self._scene.to_json()
+            if len(self._scene.layers) >= len(self._scene.boxes) + 1:
+                self._scene = None
+        self.render_ms = (time.perf_counter() - start) * 1000
+
     @t.observe("selected")
     def _on_selected(self, change):
         node = change["new"]
-        if not node:
-            self.details = {}
-            return
-        if node.startswith(("g:", "m:")) and node not in self.expanded:
-            self.details = self._group_details(node)
-            self.expanded = self.expanded + [node]
-            self._render()
-            return
-        self.details = self.details_for(node)
+        self.details = self.details_for(node) if node else {}
 
     @t.observe("selected_diagnosis")
     def _on_diagnosis(self, change):
@@ -117,15 +152,18 @@ class AutogradWidget(anywidget.AnyWidget):
             return
         d = self._trace.diagnoses[i]
         nodes = ["t%d" % tid for tid in d.tids]
+        leaf_of = {n.variable: "fn%d" % k for k, n in self._trace.nodes.items() if n.variable is not None}
+        nodes = [leaf_of.get(tid, "t%d" % tid) for tid in d.tids]
         if d.node_key is not None:
             nodes.append("fn%d" % d.node_key)
         if d.op_index is not None:
             nodes.append(layout.write_id(d.op_index))
         nodes = list(dict.fromkeys(nodes))
-        self.highlight_nodes = [n for n in nodes if self._view is not None and n in self._view.nodes] or nodes
+        known = {row[0] for row in self.scene.get("items", [])}
+        self.highlight_nodes = [n for n in nodes if n in known] or nodes
         self.highlight_lines = [n for n in (d.line, d.saved_line) if n]
-        if nodes:
-            self.selected = nodes[0]
+        if self.highlight_nodes:
+            self.selected = self.highlight_nodes[0]
 
     @t.observe("step")
     def _on_step(self, change):
@@ -151,8 +189,12 @@ class AutogradWidget(anywidget.AnyWidget):
             return self._node_details(int(node[2:]))
         if node.startswith("op") and node[2:].isdigit() and int(node[2:]) < len(trace.ops):
             return self._op_details(int(node[2:]))
-        if node.startswith(("g:", "m:")):
+        if node.startswith(("m:", "c:")):
             return self._group_details(node)
+        if node == layout.FOLD:
+            return {"kind": "group", "title": "other iterations (folded)",
+                    "rows": [["", self.scene.get("note", "")],
+                             ["", "the view shows one iteration: the one with the problem, else the last"]]}
         return {"title": node, "rows": [["", "nothing is known about this node"]]}
 
     def _tensor_details(self, tid: int) -> Dict:
@@ -174,7 +216,7 @@ class AutogradWidget(anywidget.AnyWidget):
         history = []
         for op_index, version in info.versions:
             op = trace.ops[op_index] if 0 <= op_index < len(trace.ops) else None
-            history.append([str(version), _line_of(op), op.location.source if op and op.location else "",
+            history.append([str(version), self._line_of(op), op.location.source if op and op.location else "",
                             op.name if op else "(before the block)"])
         return {"kind": "tensor", "title": info.label, "rows": rows,
                 "tables": [{"caption": "version history", "columns": ["version", "line", "source", "op"],
@@ -187,12 +229,12 @@ class AutogradWidget(anywidget.AnyWidget):
             return {"title": "node %d" % key, "rows": []}
         op = trace.ops[node.created_by] if node.created_by is not None and node.created_by < len(trace.ops) else None
         rows = [["grad_fn", node.name],
-                ["created by", "%s: %s" % (_line_of(op), op.location.source if op.location else op.name)
+                ["created by", "%s: %s" % (self._line_of(op), op.location.source if op.location else op.name)
                  if op else "(outside the block)"]]
         if node.variable is not None:
             rows.append(["accumulates into", trace.tensor_label(node.variable) + ".grad"])
         if node.consumed_by:
-            rows.append(["backward() from", ", ".join(_line_of(trace.ops[i]) for i in node.consumed_by
+            rows.append(["backward() from", ", ".join(self._line_of(trace.ops[i]) for i in node.consumed_by
                                                         if i < len(trace.ops))])
         saved = []
         for slot in node.saved:
@@ -211,22 +253,35 @@ class AutogradWidget(anywidget.AnyWidget):
     def _op_details(self, index: int) -> Dict:
         trace = self._trace
         op = trace.ops[index]
-        rows = [["operation", op.name], ["line", _line_of(op)], ["source", op.location.source if op.location else ""],
+        rows = [["operation", op.name], ["line", self._line_of(op)], ["source", op.location.source if op.location else ""],
                 ["grad mode", "enabled" if op.grad_enabled else "disabled (torch.no_grad)"]]
         if op.error:
             rows.append(["raised", op.error.splitlines()[0]])
         writes = [[trace.tensor_label(tid), str(op.versions_before[op.inputs.index(tid)]),
                    str(op.versions_after[op.inputs.index(tid)])] for tid in op.writes if tid in op.inputs]
-        return {"kind": "op", "title": "%s (%s)" % (op.name, _line_of(op)), "rows": rows,
+        return {"kind": "op", "title": "%s (%s)" % (op.name, self._line_of(op)), "rows": rows,
                 "tables": [{"caption": "tensors written", "columns": ["tensor", "version before", "after"],
                             "rows": writes}]}
 
     def _group_details(self, key: str) -> Dict:
-        count = self._view.nodes[key].members if self._view and key in self._view.nodes else 0
-        label = (_group_title(self._trace, key) if key.startswith("m:") else
-                 self._view.nodes[key].label if self._view and key in self._view.nodes else key)
-        return {"kind": "group", "title": label,
-                "rows": [["nodes", str(count)], ["", "expanded in the graph; click its nodes to inspect them"]]}
+        box = next((b for b in self.scene.get("boxes", []) if b[0] == key), None)
+        if box is None:
+            return {"kind": "group", "title": key, "rows": []}
+        _, kind, label, sub, _, name, count, _ = box
+        title = _group_title(self._trace, name) if kind == "module" else label
+        rows = [["nodes", str(count)]]
+        if sub:
+            rows.append(["holds" if kind == "chunk" else "module", sub])
+        rows.append(["", "click the box to open or close it"])
+        return {"kind": "group", "title": title, "rows": rows}
+
+    def _line_of(self, op) -> str:
+        """`line 12` in the cell; `file.py:312` elsewhere (a library's line number alone says nothing)."""
+        if op is None or op.location is None:
+            return "?"
+        if op.location.filename == self.source_name:
+            return "line %d" % op.location.line
+        return "%s:%d" % (op.location.filename.replace("\\", "/").rsplit("/", 1)[-1], op.location.line)
 
     def step_details(self, i: int) -> Dict:
         trace = self._trace
@@ -248,24 +303,94 @@ class AutogradWidget(anywidget.AnyWidget):
                 "writes": [trace.tensor_label(tid) for tid in op.writes], "versions": versions}
 
 
-def _group_title(trace: Trace, key: str) -> str:
-    name = key[2:]
+def _group_title(trace: Trace, name: str) -> str:
     return "%s (%s)" % (name, trace.modules[name]) if name in trace.modules else name
 
 
-def _line_of(op) -> str:
-    return "line %d" % op.location.line if op is not None and op.location else "?"
-
-
-def _main_file(trace: Trace) -> str:
-    files = Counter(op.location.filename for op in trace.ops if op.location)
-    for d in trace.diagnoses:
-        if d.filename:
-            return d.filename
-    return files.most_common(1)[0][0] if files else ""
 
 
 def _diagnosis_dict(d) -> Dict:
     return {"kind": d.kind, "title": d.title, "message": d.message, "fix": d.fix, "line": d.line or 0,
             "saved_line": d.saved_line or 0, "source": d.source, "saved_source": d.saved_source,
             "tensor": d.tensor or "", "node": d.node or ""}
+
+
+# -- static pictures, for wherever the widget cannot live ------------------------------------------
+
+def static_bundle(trace: Trace, scene: Optional[layout.Scene] = None) -> Dict[str, str]:
+    """The first view and the diagnoses without JavaScript: text/html, image/png, text/plain.
+
+    `scene`: the widget's, when it still has it (large graphs); else built again (small ones)."""
+    from .render import draw
+
+    scene = scene or layout.build_scene(trace)
+    title = trace.diagnoses[0].title if trace.diagnoses else ""
+    bundle = {"text/html": static_html(trace, scene), "text/plain": text_report(trace)}
+    try:
+        bundle["image/png"] = base64.b64encode(draw.to_png(scene, title=title)).decode("ascii")
+    except Exception:  # the picture is a fallback: the HTML and the text still show
+        pass
+    return bundle
+
+
+def static_html(trace: Trace, scene: Optional[layout.Scene] = None) -> str:
+    """The diagnoses and the first view as HTML with an inline SVG; every string escaped."""
+    from .render import draw
+
+    scene = scene or layout.build_scene(trace)
+    esc = html.escape
+    parts = ['<div class="ja-static" style="font-family: var(--jp-ui-font-family, sans-serif); font-size: 13px;'
+             ' color: var(--jp-ui-font-color1, #212529)">',
+             # Reopened without a kernel, JupyterLab cannot draw the widget output that follows this one
+             # and says so; this picture stands in for it, so hide that message (trusted notebooks only).
+             '<style>.jp-OutputArea-child:has(.ja-static) + .jp-OutputArea-child:not(:has(.ja-root))'
+             ' { display: none; }</style>',
+             '<div style="font-weight: 700">jupyter-autograd: %s</div>' % esc(
+                 "%d problem%s found" % (len(trace.diagnoses), "" if len(trace.diagnoses) == 1 else "s")
+                 if trace.diagnoses else "no problems found")]
+    if trace.error:
+        parts.append('<div style="color: #c92a2a; font-family: monospace">The cell raised %s</div>'
+                     % esc(trace.error.splitlines()[0]))
+    for d in trace.diagnoses:
+        parts.append('<div style="border-left: 4px solid #e03131; padding: 4px 8px; margin: 6px 0">'
+                     '<div style="font-weight: 700">%s</div>' % esc(d.title))
+        if d.line:
+            parts.append('<div>line %d: <code>%s</code></div>' % (d.line, esc(d.source)))
+        if d.saved_line:
+            parts.append('<div>saved on line %d: <code>%s</code></div>' % (d.saved_line, esc(d.saved_source)))
+        parts.append('<div>%s</div><div><b>Fix:</b><pre style="margin: 2px 0; white-space: pre-wrap">%s</pre></div>'
+                     '</div>' % (esc(d.message), esc(d.fix)))
+    parts.append('<div style="white-space: pre-line; color: var(--jp-ui-font-color2, #495057)">%s</div>'
+                 % esc(graph_summary(trace)))
+    if scene.note:
+        parts.append('<div style="color: var(--jp-ui-font-color2, #495057)">%s</div>' % esc(scene.note))
+    parts.append('<div style="overflow: auto; max-height: 640px; border: 1px solid var(--jp-border-color2, #dee2e6)">'
+                 + draw.to_svg(scene) + "</div></div>")
+    return "".join(parts)
+
+
+def display_trace(trace: Trace, filename: Optional[str] = None) -> None:
+    """Show the static pictures and the widget as two outputs: the first stands in for the
+    second wherever the widget cannot be drawn (no kernel, GitHub, nbconvert); where it can,
+    the widget's CSS hides the first."""
+    from IPython.display import display
+
+    widget = AutogradWidget(trace, filename=filename)
+    widget._static_elsewhere = True
+    display(widget.static_bundle(), raw=True)
+    display(widget)
+
+
+def save_html(trace: Trace, path, filename: Optional[str] = None) -> pathlib.Path:
+    """Write one self-contained HTML file with the interactive view (no server, no kernel)."""
+    from .render.standalone import page
+
+    widget = AutogradWidget(trace, filename=filename)
+    try:
+        state = widget.offline_state()
+    finally:
+        widget.close()
+    out = pathlib.Path(path)
+    out.write_text(page(state, (_HERE / "widget.js").read_text(), (_HERE / "widget.css").read_text(),
+                        static_html(trace)), encoding="utf-8")
+    return out

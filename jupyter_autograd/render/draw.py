@@ -1,125 +1,198 @@
-"""Drawing a View with matplotlib: a Figure (never pyplot's global state), to SVG or PNG.
+"""Static pictures of a scene's first view: an SVG string (for text/html) and a PNG (matplotlib).
+
+Both draw what `layout.place` positions, so they show what the widget shows when it opens.
 
 Legend (shape and colour):
-    rounded blue box     leaf tensor that requires grad (receives .grad)
     grey box             grad_fn node (a backward operation)
-    orange ellipse       tensor saved for backward
-    green box            a result tensor of the block
-    red diamond          the in-place write that broke backward
-    dashed white box     a group of nodes created on one line (click to expand)
+    green box            the grad_fn of a named result (`loss`, `out`)
+    blue rounded box     leaf that gets .grad (AccumulateGrad, named by its parameter)
+    orange box           a tensor a diagnosis talks about (saved for backward)
+    red box              the line that broke backward (the write, the cut)
+    dashed box           a module call (open: its contents; closed: click to open)
     red outline          involved in a diagnosis
 
-Every node is drawn with a gid "ja-<node id>" (its text "ja-<node id>-t"), so the SVG can be
-made interactive by the front end without re-rendering.
+Every string from the trace is escaped here (SVG) or drawn as typed (matplotlib, no mathtext).
 """
 from __future__ import annotations
 
+import html
 import io
+from typing import Dict, List, Optional, Tuple
 
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.patches import Ellipse, FancyArrowPatch, FancyBboxPatch, Polygon
+from .layout import BOX_H, HEADER_H, ROOT, Placed, Scene, place
 
-from .layout import View
-
+# Colours: the light theme's, used where no JupyterLab CSS variable applies (PNG, GitHub).
 STYLE = {
-    "leaf": dict(fc="#d0e4ff", ec="#1c5fb8", shape="round"),
-    "fn": dict(fc="#ececec", ec="#6b6b6b", shape="box"),
-    "saved": dict(fc="#ffe0b2", ec="#d9480f", shape="ellipse"),
-    "tensor": dict(fc="#d3f9d8", ec="#2b8a3e", shape="box"),
-    "write": dict(fc="#ffc9c9", ec="#c92a2a", shape="diamond"),
-    "group": dict(fc="#ffffff", ec="#868e96", shape="dashed"),
+    "fn": ("#f1f3f5", "#868e96"),
+    "tensor": ("#d3f9d8", "#2b8a3e"),
+    "leaf": ("#d0e4ff", "#1c5fb8"),
+    "saved": ("#ffe0b2", "#d9480f"),
+    "write": ("#ffc9c9", "#c92a2a"),
+    "fold": ("#ffffff", "#868e96"),
+    "box": ("#f8f9fa", "#adb5bd"),
 }
-PROBLEM_EDGE = "#e03131"
-LEGEND = [("leaf (gets .grad)", "leaf"), ("grad_fn node", "fn"), ("saved tensor", "saved"),
-          ("result tensor", "tensor"), ("in-place write", "write"), ("group (click)", "group")]
-X_SPACING, Y_SPACING, BOX_W, BOX_H = 2.3, 1.25, 2.0, 0.62
+PROBLEM = "#e03131"
+TEXT, SUBTEXT = "#212529", "#495057"
+# In HTML the theme's variables win where they exist (JupyterLab, Notebook 7, light or dark).
+CSS_VAR = {"fn": "--jp-layout-color2", "box": "--jp-layout-color1", "fold": "--jp-layout-color0"}
 
 
-def figure(view: View, title: str = "") -> Figure:
-    width_in = min(max(7.0, view.width * 1.75 + 1.0), 80.0)
-    height_in = min(max(3.2, view.depth * 0.95 + 1.2), 80.0)
-    fig = Figure(figsize=(width_in, height_in))
-    ax = fig.add_axes((0, 0, 1, 0.94 if title else 1.0))
-    ax.set_axis_off()
-    pos = {n.id: (n.x * X_SPACING, n.y * Y_SPACING) for n in view.nodes.values()}
-    for u, v, kind in view.edges:
-        if u not in pos or v not in pos:
+def visible(scene: Scene, opened) -> Tuple[List[Placed], Dict[str, str]]:
+    """What shows and, for every item, the thing standing for it (itself or its closed box)."""
+    placed, _, _ = place(scene, opened)
+    shown = {p.id for p in placed}
+    stand: Dict[str, str] = {}
+    for item in scene.items:
+        top = None
+        for box in reversed(scene.ancestors(item)):  # outermost first
+            if box not in opened or box not in scene.layers:
+                top = box
+                break
+        stand[item] = top or item
+    return placed, {k: v for k, v in stand.items() if v in shown}
+
+
+def edges_between(scene: Scene, stand: Dict[str, str]) -> List[Tuple[str, str, str]]:
+    out, seen = [], set()
+    for u, v, kind in scene.edges:
+        a, b = stand.get(u), stand.get(v)
+        if a is None or b is None or a == b or (a, b) in seen:
             continue
-        (x1, y1), (x2, y2) = pos[u], pos[v]
-        bad = kind == "overwrote"
-        if y1 == y2:  # side by side (a write next to the tensor it changed)
-            sign = 1 if x2 > x1 else -1
-            start, end = (x1 + sign * BOX_W / 2, y1), (x2 - sign * BOX_W / 2, y2)
-        else:
-            start, end = (x1, y1 - BOX_H / 2), (x2, y2 + BOX_H / 2)
-        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>",
-                                     mutation_scale=9, lw=1.6 if bad else 0.8,
-                                     color=PROBLEM_EDGE if bad else "#868e96",
-                                     linestyle="--" if kind in ("saves", "overwrote") else "-", zorder=1))
-    for node in view.nodes.values():
-        _node(ax, node, pos[node.id])
-    xs = [p[0] for p in pos.values()] or [0.0]
-    ys = [p[1] for p in pos.values()] or [0.0]
-    ax.set_xlim(min(xs) - BOX_W, max(xs) + BOX_W)
-    ax.set_ylim(min(ys) - BOX_H * 1.5, max(ys) + BOX_H * 1.5)
-    handles = [Line2D([], [], marker={"round": "s", "box": "s", "ellipse": "o", "diamond": "D",
-                                      "dashed": "s"}[STYLE[k]["shape"]], linestyle="", markersize=9,
-                      markerfacecolor=STYLE[k]["fc"], markeredgecolor=STYLE[k]["ec"], label=label)
-               for label, k in LEGEND if k != "group" or view.grouped]
-    ax.legend(handles=handles, loc="upper left", fontsize=7, frameon=True, ncol=1, borderaxespad=0.2)
+        seen.add((a, b))
+        out.append((a, b, kind))
+    return out
+
+
+def to_svg(scene: Scene, opened=None, title: str = "", max_width: Optional[int] = None) -> str:
+    """The first view as one SVG element; every string escaped."""
+    opened = scene.open if opened is None else opened
+    placed, stand = visible(scene, set(opened))
+    _, width, height = place(scene, set(opened))
+    at = {p.id: p for p in placed}
+    margin = 8
+    top = 24 if title else 0
+    w, h = width + 2 * margin, height + 2 * margin + top
+    esc = html.escape
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" class="ja-static-svg" width="%d" height="%d" viewBox="0 0 %d %d"'
+           ' font-family="DejaVu Sans, Arial, sans-serif" font-size="12" role="img">' % (w, h, w, h)]
     if title:
-        fig.suptitle(title, fontsize=9, x=0.01, ha="left", color="#c92a2a")
-    return fig
+        out.append('<text x="%d" y="16" font-weight="bold" fill="%s">%s</text>' % (margin, PROBLEM, esc(title)))
+    out.append('<g transform="translate(%d,%d)">' % (margin, margin + top))
+    for p in placed:
+        if p.is_box:
+            box = scene.boxes[p.id]
+            fill, stroke = STYLE["box"]
+            out.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" rx="6" fill="var(--jp-layout-color1, %s)"'
+                       ' stroke="%s" stroke-dasharray="5 3"/>' % (p.x, p.y, p.w, p.h, fill, stroke))
+            label = ("\u2212 " if p.open else "+ ") + box.label
+            y = p.y + (HEADER_H - 6 if p.open else BOX_H / 2 - 2)
+            out.append('<text x="%.1f" y="%.1f" fill="var(--jp-ui-font-color1, %s)" font-weight="bold">%s'
+                       '<tspan fill="var(--jp-ui-font-color2, %s)" font-weight="normal"> %s</tspan></text>'
+                       % (p.x + 8, y, TEXT, esc(label), SUBTEXT, esc(box.sub) if p.open else ""))
+            if not p.open:
+                out.append('<text x="%.1f" y="%.1f" fill="var(--jp-ui-font-color2, %s)" font-size="11">%s</text>'
+                           % (p.x + 8, p.y + BOX_H - 7, SUBTEXT, esc(box.sub)))
+    for a, b, kind in edges_between(scene, stand):
+        pa, pb = at[a], at[b]
+        out.append('<path d="%s" fill="none" stroke="%s" stroke-width="%s"%s/>'
+                   % (_curve(pa, pb), PROBLEM if kind == "overwrote" else "#868e96",
+                      "2" if kind == "overwrote" else "1.2", ' stroke-dasharray="4 3"' if kind in ("saves",
+                                                                                                "overwrote") else ""))
+    for p in placed:
+        if p.is_box:
+            continue
+        item = scene.items[p.id]
+        fill, stroke = STYLE.get(item.kind, STYLE["fn"])
+        var = CSS_VAR.get(item.kind)
+        fill_css = "var(%s, %s)" % (var, fill) if var else fill
+        out.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" rx="%d" fill="%s" stroke="%s" '
+                   'stroke-width="%s"/>' % (p.x, p.y, p.w, p.h, 10 if item.kind == "leaf" else 3, fill_css,
+                                             PROBLEM if item.problem else stroke, "2.5" if item.problem else "1"))
+        dark = item.kind not in ("fn", "fold")  # fixed light fills keep dark text in every theme
+        color = TEXT if dark else "var(--jp-ui-font-color1, %s)" % TEXT
+        out.append('<text x="%.1f" y="%.1f" text-anchor="middle" fill="%s"%s>%s</text>'
+                   % (p.x + p.w / 2, p.y + 15, color, ' font-weight="bold"' if item.kind != "fn" else "",
+                      esc(item.label)))
+        if item.sub:
+            out.append('<text x="%.1f" y="%.1f" text-anchor="middle" font-size="11" fill="%s">%s</text>'
+                       % (p.x + p.w / 2, p.y + 29, SUBTEXT if dark else "var(--jp-ui-font-color2, %s)" % SUBTEXT,
+                          esc(item.sub)))
+    out.append("</g></svg>")
+    return "".join(out)
 
 
-def _node(ax, node, xy):
-    style = STYLE.get(node.kind, STYLE["fn"])
-    x, y = xy
-    ec = PROBLEM_EDGE if node.problem else style["ec"]
-    lw = 2.4 if node.problem else 1.0
-    gid = "ja-" + node.id
-    if style["shape"] == "ellipse":
-        patch = Ellipse((x, y), BOX_W, BOX_H, fc=style["fc"], ec=ec, lw=lw)
-    elif style["shape"] == "diamond":
-        w, h = BOX_W / 2 + 0.1, BOX_H / 2 + 0.12
-        patch = Polygon([(x - w, y), (x, y + h), (x + w, y), (x, y - h)], closed=True, fc=style["fc"], ec=ec, lw=lw)
-    else:
-        box = "round,pad=0.02,rounding_size=0.18" if style["shape"] == "round" else "square,pad=0.02"
-        patch = FancyBboxPatch((x - BOX_W / 2, y - BOX_H / 2), BOX_W, BOX_H, boxstyle=box, fc=style["fc"], ec=ec,
-                               lw=lw, linestyle="--" if style["shape"] == "dashed" else "-")
-    patch.set_gid(gid)
-    patch.set_zorder(2)
-    ax.add_patch(patch)
-    label = _short(node.label, 26)
-    text = ax.text(x, y + (0.09 if node.sublabel else 0), label, ha="center", va="center", fontsize=7.2,
-                   fontweight="bold" if node.kind in ("leaf", "tensor", "saved", "write") else "normal",
-                   zorder=3, color="#c92a2a" if node.problem else "#212529")
-    text.set_gid(gid + "-t")
-    if node.sublabel:
-        sub = ax.text(x, y - 0.16, _short(node.sublabel, 32), ha="center", va="center", fontsize=5.8,
-                      color="#495057", zorder=3)
-        sub.set_gid(gid + "-s")
+def _curve(a: Placed, b: Placed) -> str:
+    x1, y1 = a.x + a.w / 2, a.y + a.h
+    x2, y2 = b.x + b.w / 2, b.y
+    if y2 <= y1:  # side by side (same row): from the side
+        x1, y1 = (a.x + a.w, a.y + a.h / 2) if b.x > a.x else (a.x, a.y + a.h / 2)
+        x2, y2 = (b.x, b.y + b.h / 2) if b.x > a.x else (b.x + b.w, b.y + b.h / 2)
+        return "M%.1f %.1fL%.1f %.1f" % (x1, y1, x2, y2)
+    dy = max(12.0, (y2 - y1) / 2)
+    return "M%.1f %.1fC%.1f %.1f %.1f %.1f %.1f %.1f" % (x1, y1, x1, y1 + dy, x2, y2 - dy, x2, y2)
 
 
-def _short(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:width - 3] + "..."
+def to_png(scene: Scene, opened=None, title: str = "", max_pixels: int = 2400) -> bytes:
+    """The first view with matplotlib, text drawn as typed (no mathtext, no TeX)."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import FancyBboxPatch, PathPatch
+    from matplotlib.path import Path
 
-
-def to_svg(fig: Figure) -> str:
-    import matplotlib
-
-    buf = io.StringIO()
-    # Text stays text (smaller, searchable); matplotlib escapes it for XML.
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "jupyter-autograd"}):
-        fig.savefig(buf, format="svg", bbox_inches="tight")
-    svg = buf.getvalue()
-    return svg[svg.index("<svg"):]
-
-
-def to_png(fig: Figure, max_pixels: int = 3000) -> bytes:
-    w, h = fig.get_size_inches()
-    dpi = max(30, min(110, max_pixels / max(w, h)))
+    opened = scene.open if opened is None else opened
+    placed, stand = visible(scene, set(opened))
+    _, width, height = place(scene, set(opened))
+    top = 26 if title else 0
+    w_px, h_px = width + 16, height + 16 + top
+    scale = min(1.0, max_pixels / max(w_px, h_px))
+    dpi = 100
+    fig = Figure(figsize=(max(w_px * scale, 200) / dpi, max(h_px * scale, 60) / dpi), dpi=dpi)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_axis_off()
+    ax.set_xlim(-8, max(w_px, 200 / scale) - 8)
+    ax.set_ylim(max(h_px, 60 / scale) - 8 - top, -8 - top)  # y grows downwards, as in the SVG
+    font = 12 * scale * 72 / dpi  # 12 px text, in points
+    text_kw = dict(usetex=False, parse_math=False, fontfamily="DejaVu Sans")
+    at = {p.id: p for p in placed}
+    if title:
+        ax.text(0, -top + 16, title, fontsize=font, color=PROBLEM, fontweight="bold", **text_kw)
+    for p in placed:
+        if not p.is_box:
+            continue
+        box = scene.boxes[p.id]
+        fill, stroke = STYLE["box"]
+        ax.add_patch(FancyBboxPatch((p.x, p.y), p.w, p.h, boxstyle="round,pad=0,rounding_size=6", fc=fill, ec=stroke,
+                                    lw=1, linestyle="--", zorder=1))
+        label = ("\u2212 " if p.open else "+ ") + box.label + ("   " + box.sub if p.open else "")
+        ax.text(p.x + 8, p.y + (HEADER_H - 7 if p.open else BOX_H / 2 - 3), label, fontsize=font, color=TEXT,
+                fontweight="bold", zorder=4, **text_kw)
+        if not p.open:
+            ax.text(p.x + 8, p.y + BOX_H - 7, box.sub, fontsize=font * 0.9, color=SUBTEXT, zorder=4, **text_kw)
+    for a, b, kind in edges_between(scene, stand):
+        pa, pb = at[a], at[b]
+        x1, y1, x2, y2 = pa.x + pa.w / 2, pa.y + pa.h, pb.x + pb.w / 2, pb.y
+        dy = max(12.0, (y2 - y1) / 2)
+        path = Path([(x1, y1), (x1, y1 + dy), (x2, y2 - dy), (x2, y2)],
+                    [Path.MOVETO, Path.CURVE4, Path.CURVE4, Path.CURVE4])
+        ax.add_patch(PathPatch(path, fc="none", ec=PROBLEM if kind == "overwrote" else "#868e96",
+                               lw=1.6 if kind == "overwrote" else 0.9, linestyle="--" if kind in ("saves", "overwrote")
+                               else "-", zorder=2))
+    for p in placed:
+        if p.is_box:
+            continue
+        item = scene.items[p.id]
+        fill, stroke = STYLE.get(item.kind, STYLE["fn"])
+        ax.add_patch(FancyBboxPatch((p.x, p.y), p.w, p.h, boxstyle="round,pad=0,rounding_size=%d"
+                                    % (10 if item.kind == "leaf" else 3), fc=fill,
+                                    ec=PROBLEM if item.problem else stroke, lw=2.2 if item.problem else 0.9,
+                                    zorder=3))
+        ax.text(p.x + p.w / 2, p.y + 15, item.label, ha="center", va="baseline", fontsize=font, color=TEXT,
+                fontweight="normal" if item.kind == "fn" else "bold", zorder=4, **text_kw)
+        if item.sub:
+            ax.text(p.x + p.w / 2, p.y + 29, item.sub, ha="center", va="baseline", fontsize=font * 0.9,
+                    color=SUBTEXT, zorder=4, **text_kw)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", facecolor="white")
+    fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
     return buf.getvalue()
+
+
+__all__ = ["to_svg", "to_png", "visible", "edges_between", "ROOT"]

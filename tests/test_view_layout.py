@@ -1,0 +1,238 @@
+"""The scene the graph view draws: module boxes, focus, one iteration, size; no browser, no kernel."""
+import gc
+import tracemalloc
+
+import networkx as nx
+import pytest
+import torch
+from torch import nn
+
+import jupyter_autograd as ja
+from jupyter_autograd.render import draw, layout
+from jupyter_autograd.widget import AutogradWidget
+
+
+class Block(nn.Module):
+    """A ResNet basic block: one ReLU module called twice (grouping it as one box made a cycle)."""
+
+    def __init__(self, c, inplace=False):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+        self.relu = nn.ReLU(inplace=inplace)
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + x)
+
+
+def resnet(blocks=4):
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         *[Block(8) for _ in range(blocks)], nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+
+def train(model, steps=1):
+    torch.manual_seed(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(2, 3, 8, 8), torch.randint(0, 10, (2,))
+    with ja.capture(namespace={"model": model}) as trace:
+        for _ in range(steps):
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return trace
+
+
+@pytest.fixture(scope="module")
+def gpt2_trace():
+    transformers = pytest.importorskip("transformers")  # a test dependency of the project
+    transformers.utils.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=100, n_positions=32,
+                                     bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 100, (2, 16))
+    with ja.capture(namespace={"model": model}) as trace:
+        out = model(ids, labels=ids)
+        out.loss.backward()
+    return trace
+
+
+def every_box_acyclic(scene):
+    lifted = scene.lifted_edges()
+    for box in [layout.ROOT] + list(scene.boxes):
+        g = nx.DiGraph()
+        g.add_nodes_from(layout.children_of(scene, box))
+        g.add_edges_from(lifted.get(box, ()))
+        assert nx.is_directed_acyclic_graph(g), "cycle among the children of %r: %s" % (box, nx.find_cycle(g))
+
+
+def parameter_boxes(trace, scene):
+    """(parameter name, the module names of the boxes holding its AccumulateGrad node)."""
+    out = []
+    for key, node in trace.nodes.items():
+        if node.variable is None:
+            continue
+        name = trace.tensor_label(node.variable)
+        item = "fn%d" % key
+        if item in scene.items:
+            out.append((name, [scene.boxes[b].name for b in scene.ancestors(item) if scene.boxes[b].kind == "module"]))
+    return out
+
+
+def test_resnet_blocks_make_acyclic_boxes_one_per_module_call():
+    trace = train(resnet())
+    scene = layout.build_scene(trace)
+    every_box_acyclic(scene)
+    # The ReLU called twice in a block is two boxes, both inside their block's box.
+    relu_calls = [b for b in scene.boxes.values() if b.name == "model.3.relu"]
+    assert len(relu_calls) == 2 and {b.parent for b in relu_calls} == {"m:model.3"}
+    # Nothing is drawn twice and every edge ends at something drawn.
+    for u, v, _ in scene.edges:
+        assert u in scene.items and v in scene.items
+
+
+def test_parameters_sit_inside_their_module_box():
+    trace = train(resnet())
+    scene = layout.build_scene(trace)
+    placed = parameter_boxes(trace, scene)
+    assert len(placed) == sum(1 for _ in resnet().parameters())
+    for name, modules in placed:
+        owner = name.rsplit(".", 1)[0]
+        assert modules and modules[0] == owner, (name, modules)
+    # ... and no bucket of "inputs and parameters" next to the model.
+    assert not [b for b in scene.boxes.values() if "param" in b.label.lower() or "input" in b.label.lower()]
+
+
+def test_gpt2_tiny_boxes_params_and_first_view(gpt2_trace):
+    scene = layout.build_scene(gpt2_trace)
+    every_box_acyclic(scene)
+    for name, modules in parameter_boxes(gpt2_trace, scene):
+        owner = name.rsplit(".", 1)[0]
+        assert modules[0] == owner or owner.startswith(modules[0] + "."), (name, modules)
+    # Without a diagnosis the first view is the root and the model's first level, small.
+    assert scene.open == ["m:model"]
+    placed, stand = draw.visible(scene, set(scene.open))
+    shown = {p.id for p in placed}
+    assert {"m:model.transformer", "m:model.lm_head"} <= shown
+    loss = next(i for i, x in scene.items.items() if x.sub.startswith("NllLossBackward0"))
+    assert loss in shown and scene.focus == [loss]
+    assert len(shown) < 20
+    # Labels say which file a line is in when it is not the user's.
+    assert any("modeling_gpt2.py:" in x.sub for x in scene.items.values())
+
+
+def test_a_diagnosis_opens_the_view_along_its_path():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.Sigmoid()), nn.Linear(4, 4),
+                          nn.Sequential(nn.Linear(4, 4), nn.Tanh()), nn.Linear(4, 2))
+    with ja.capture(namespace={"model": model}) as trace:
+        h = model[:2](torch.randn(3, 4))
+        h2 = h * 3
+        h.mul_(2)  # the culprit: h (a sigmoid's output) was saved
+        out = model[2:](h2)
+        loss = out.sum()
+    assert trace.diagnoses and trace.diagnoses[0].kind == "saved-tensor-modified"
+    d = trace.diagnoses[0]
+    scene = layout.build_scene(trace)
+    every_box_acyclic(scene)
+    write, tensor, saver = layout.write_id(d.op_index), "t%d" % d.tids[0], "fn%d" % d.node_key
+    assert {write, tensor, saver} <= set(scene.focus)
+    placed, stand = draw.visible(scene, set(scene.open))
+    shown = {p.id for p in placed}
+    for x in (write, tensor, saver):
+        assert stand[x] == x, "%s is hidden in %s" % (x, stand[x])
+    # The way to the root is highlighted and starts at the root (the loss).
+    assert scene.path[-1] == saver and scene.items[scene.path[0]].label == "loss"
+    assert stand[scene.path[0]] in shown
+    # Everything else stays closed: the later layers are boxes, not their nodes.
+    later = [i for i, x in scene.items.items() if "m:model.3" in scene.ancestors(i)]
+    assert later and all(stand[i] != i and stand[i] in shown for i in later)
+
+
+def test_training_loop_shows_one_iteration_and_folds_the_rest():
+    one = layout.build_scene(train(resnet(1), steps=1))
+    many = layout.build_scene(train(resnet(1), steps=12))
+    assert many.shown_nodes <= one.shown_nodes + 2 and many.total_nodes > 5 * one.total_nodes
+    assert len(many.items) <= len(one.items) + 2
+    assert layout.FOLD in many.items and "12 backward calls" in many.note
+    assert "folded" in many.note
+    every_box_acyclic(many)
+    w = AutogradWidget(train(resnet(1), steps=3))
+    w.selected = layout.FOLD
+    assert "folded" in w.details["title"] and "3 backward calls" in w.details["rows"][0][1]
+
+
+def test_huge_graph_is_grouped_and_small_on_the_wire():
+    x = torch.randn(4, requires_grad=True)
+    with ja.capture() as trace:
+        h = x
+        for _ in range(12000):
+            h = torch.tanh(h * 1.01)
+    scene = layout.build_scene(trace)
+    wire = scene.to_json()
+    assert len(trace.nodes) > 24_000
+    assert len(wire["items"]) + len(wire["boxes"]) <= layout.EAGER_ITEMS + layout.MAX_CHILDREN
+    assert all(len(b.children) <= layout.MAX_CHILDREN for b in scene.boxes.values())
+    every_box_acyclic(scene)
+    del h
+
+
+def test_text_is_at_least_11px_and_boxes_do_not_overlap():
+    trace = train(resnet(2))
+    scene = layout.build_scene(trace)
+    placed, _, _ = layout.place(scene, list(scene.boxes))
+    svg = draw.to_svg(scene, opened=list(scene.boxes))
+    sizes = {int(s.split('"')[0]) for s in svg.split('font-size="')[1:]}
+    assert min(sizes) >= 11
+    by_parent = {}
+    for p in placed:
+        parent = scene.parent_of(p.id)
+        by_parent.setdefault(parent, []).append(p)
+    for siblings in by_parent.values():
+        for i, a in enumerate(siblings):
+            for b in siblings[i + 1:]:
+                apart = a.x + a.w <= b.x or b.x + b.w <= a.x or a.y + a.h <= b.y or b.y + b.h <= a.y
+                assert apart, (a, b)
+
+
+def small_cell():
+    x = torch.ones(3, requires_grad=True)
+    with ja.capture() as trace:
+        y = x.exp()
+        z = (y * 2).sum()
+        y.add_(1)
+    return trace
+
+
+def test_fifty_small_widgets_hold_little_and_no_figure_or_graph():
+    import matplotlib.figure
+
+    AutogradWidget(small_cell())._repr_mimebundle_()  # imports and caches first
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        kept = []
+        for i in range(50):
+            w = AutogradWidget(small_cell())
+            if i % 5 == 0:  # drawing the PNG and the static SVG keeps nothing (slow under tracemalloc)
+                w._repr_mimebundle_()
+            kept.append(w)
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    per_widget = grown / 50
+    print("retained per small widget (trace included): %.1f KiB" % (per_widget / 1024))
+    assert per_widget < 200 * 1024
+    alive = gc.get_objects()
+    assert not any(isinstance(o, matplotlib.figure.Figure) for o in alive)
+    for w in kept[:3]:
+        held = gc.get_referents(w.__dict__)
+        assert not any(isinstance(o, (nx.Graph, layout.Scene)) for o in held)
