@@ -110,8 +110,8 @@ class AutogradMagics(Magics):
             if args.text:
                 display({"text/plain": trace.report()}, raw=True)
             else:
-                from .widget import AutogradWidget
-                display(AutogradWidget(trace, filename=filename))
+                from .widget import display_trace
+                display_trace(trace, filename=filename)
         except Exception as exc:  # our display must never hide the user's result or exception
             warn("jupyter_autograd could not display its report (%s: %s)" % (type(exc).__name__, exc))
             try:

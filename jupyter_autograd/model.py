@@ -191,13 +191,13 @@ class Trace:
             return "an unrecorded tensor"
         if info.name:
             return info.name
-        shape = "x".join(str(s) for s in info.shape) or "scalar"
+        shape = "shape (%s)" % ", ".join(str(s) for s in info.shape) if info.shape else "a scalar"
         made = self.ops[info.created_by] if info.created_by is not None and info.created_by < len(self.ops) else None
         if made is None:
-            return "a %s %s tensor from before the block" % (shape, info.dtype)
+            return "a %s tensor of %s from before the block" % (info.dtype, shape)
         where = " in %s" % made.module[-1] if made.module else ""
         line = " (line %d)" % made.location.line if made.location else ""
-        return "the %s %s result of %s%s%s" % (shape, info.dtype, made.name, where, line)
+        return "the %s result of %s%s%s, %s" % (info.dtype, made.name, where, line, shape)
 
     def source_line(self, filename: Optional[str], line: Optional[int]) -> str:
         lines = self.sources.get(filename or "", [])
@@ -228,12 +228,14 @@ class Trace:
         }
 
     def show(self):
-        """Display the interactive widget (in Jupyter) for this trace."""
-        from .widget import AutogradWidget
-        from IPython.display import display
-        widget = AutogradWidget(self)
-        display(widget)
-        return None
+        """Display the interactive widget (in Jupyter) for this trace, with its static fallback."""
+        from .widget import display_trace
+        display_trace(self)
+
+    def save_html(self, path):
+        """Write one self-contained HTML file with the interactive view (no server, no kernel)."""
+        from .widget import save_html
+        return save_html(self, path)
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         try:

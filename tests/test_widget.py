@@ -19,7 +19,7 @@ ERROR_SCENARIOS = sorted((ROOT.parent / "shared" / "scenarios-errors").glob("*.p
 
 def traced(path):
     sc = runner.load(str(path))
-    _, _, trace = runner.execute(sc.source, sc.path, captured=True)
+    _, _, trace = runner.execute(sc.source, sc.path, captured=True, options=sc.options)
     return sc, trace
 
 

@@ -350,7 +350,7 @@ def _graph(recorder, trace):
                         input_tids=[t for t, _ in inputs], retain=retain)
         for raw in raw_slots:
             slot = SavedSlot(*raw)
-            slot.shape = tuple(slot.shape)
+            slot.shape = _plain_shape(slot.shape)
             slot.dtype = str(slot.dtype).replace("torch.", "")
             cp.slots.append(slot)
             prev = latest.get((slot.node, slot.slot))

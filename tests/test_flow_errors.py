@@ -1,0 +1,193 @@
+"""The four flow kinds beyond the scenario corpora: what each says, what it must not say, and that
+the tool never runs a saved-tensor hook (checkpointing, save_on_cpu, a user's own)."""
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import jupyter_autograd as ja
+
+
+def test_nan_without_check_nan_names_the_leaves_and_the_backward():
+    w = torch.zeros(3, requires_grad=True)
+    with ja.capture(namespace=locals()) as trace:  # a function's own variables are named when passed
+        loss = w.sqrt().sum()
+        loss.backward()  # d sqrt / dw at 0 is inf
+    (d,) = trace.diagnoses
+    assert d.kind == "nan-gradient" and d.tensor == "w"
+    assert d.source == "loss.backward()  # d sqrt / dw at 0 is inf".split("  #")[0]
+    assert "check_nan=True" in d.fix and "--nan" in d.fix
+
+
+def test_check_nan_names_the_forward_line_and_the_values():
+    emb = torch.zeros(2, 3, requires_grad=True)
+    with ja.capture(check_nan=True) as trace:
+        norm = (emb ** 2).sum(-1).sqrt()
+        norm.sum().backward()
+    (d,) = trace.diagnoses
+    assert d.kind == "nan-gradient" and d.source == "norm = (emb ** 2).sum(-1).sqrt()"
+    assert d.node == "SqrtBackward0" and "square root of 0 at 2 of 2 positions" in d.message
+    assert "1e-12" in d.fix
+
+
+def test_check_nan_hooks_are_gone_after_the_block():
+    x = torch.zeros(3, requires_grad=True)
+    with ja.capture(check_nan=True) as trace:
+        y = x.sqrt()
+        y.sum().backward(retain_graph=True)
+    origin = trace.nan_origin
+    assert origin is not None
+    calls = []
+    y.grad_fn.register_hook(lambda gi, go: calls.append(1))
+    y.sum().backward()  # outside the block: only the user's hook runs, ours are removed
+    assert calls == [1] and trace.nan_origin == origin
+    assert not y.grad_fn._raw_saved_result.unpack_hook
+
+
+def test_where_branch_gets_the_double_where_fix():
+    x = torch.tensor([-1.0, 4.0], requires_grad=True)
+    with ja.capture(check_nan=True) as trace:
+        y = torch.where(x > 0, x.sqrt(), torch.zeros_like(x))
+        y.sum().backward()
+    (d,) = trace.diagnoses
+    assert "double-where" in d.fix and "0 * inf" in d.message
+
+
+def test_graph_freed_is_said_before_the_failing_backward_runs():
+    w = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="second time"):
+        with ja.capture() as trace:
+            loss = (w.exp() * 2).sum()
+            loss.backward()
+            loss.backward()
+    (d,) = trace.diagnoses
+    assert d.kind == "graph-freed" and d.predicted and d.source == "loss.backward()"
+    assert "retain_graph=True" in d.fix and "memory" in d.fix
+
+
+def test_retained_graph_used_twice_is_fine():
+    w = torch.randn(3, requires_grad=True)
+    with ja.capture() as trace:
+        loss = (w.exp() * 2).sum()
+        loss.backward(retain_graph=True)
+        loss.backward()
+    assert trace.diagnoses == []
+
+
+def test_graph_cut_says_what_requires_grad_true_would_do():
+    w = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        with ja.capture() as trace:
+            loss = (w * 2).sum().detach()
+            loss.backward()
+    (d,) = trace.diagnoses
+    assert d.kind == "graph-cut" and d.tensor == "loss" and d.source == "loss = (w * 2).sum().detach()"
+    assert "requires_grad = True" in d.message and "train nothing" in d.message
+
+
+def test_every_parameter_frozen_is_a_cut():
+    model = nn.Linear(3, 1)
+    model.requires_grad_(False)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        with ja.capture() as trace:
+            loss = model(torch.randn(2, 3)).sum()
+            loss.backward()
+    (d,) = trace.diagnoses
+    assert d.kind == "graph-cut" and "frozen" in d.message
+
+
+def test_unused_parameters_are_information_not_a_problem():
+    experts = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])
+    with ja.capture() as trace:
+        loss = experts[0](torch.randn(1, 2)).sum()
+        loss.backward()
+    assert trace.diagnoses == []
+
+
+def test_missing_grad_from_data_in_a_forward():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(2, 2), nn.Linear(2, 1)
+
+        def forward(self, x):
+            return self.b(x @ self.a.weight.data.t())
+
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with ja.capture() as trace:
+        loss = net(torch.randn(4, 2)).sum()
+        loss.backward()
+        opt.step()
+    kinds = [(d.kind, d.tensor) for d in trace.diagnoses]
+    assert ("missing-grad", "net.a.weight") in kinds
+    d = next(d for d in trace.diagnoses if d.tensor == "net.a.weight")
+    assert d.source == "return self.b(x @ self.a.weight.data.t())"
+
+
+# -- saved-tensor hooks are never run by the tool -------------------------------------------------
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.bn = nn.Linear(4, 4), nn.BatchNorm1d(4)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return torch.relu(self.bn(self.lin(x)))
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpointed_forward_runs_as_often_as_without_the_tool(reentrant):
+    def run(captured):
+        torch.manual_seed(0)
+        block, other = Block(), torch.zeros(3)
+        x = torch.randn(5, 4, requires_grad=True)
+
+        def body():
+            out = checkpoint(block, x, use_reentrant=reentrant).sum()
+            other.add_(1)  # an unrelated in-place write: makes the tool inspect the graph
+            out.backward()
+
+        if captured:
+            with ja.capture() as trace:
+                body()
+            assert trace.diagnoses == [] and trace.warnings == []
+        else:
+            body()
+        return block.calls, block.bn.num_batches_tracked.item(), block.bn.running_mean.clone(), x.grad.clone()
+
+    plain, captured = run(False), run(True)
+    assert plain[:2] == captured[:2] == (2, 2)
+    assert torch.equal(plain[2], captured[2]) and torch.equal(plain[3], captured[3])
+
+
+def test_single_use_unpack_hook_is_left_to_backward():
+    store = {}
+
+    def pack(t):
+        store[len(store)] = t
+        return len(store) - 1
+
+    def unpack(key):
+        return store.pop(key)  # a second unpack raises KeyError
+
+    w = torch.randn(3, requires_grad=True)
+    with ja.capture() as trace:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            y = (w.exp() * w).sum()
+        w.detach().mul_(1)  # a write: the tool inspects the graph before backward
+        y.backward()
+    assert trace.warnings == [] and store == {}
+
+
+def test_save_on_cpu_is_not_unpacked_by_the_tool():
+    w = torch.randn(3, requires_grad=True)
+    with ja.capture() as trace:
+        with torch.autograd.graph.save_on_cpu():
+            y = (w.exp() * w).sum()
+        torch.zeros(1).add_(1)
+        y.backward()
+    assert trace.warnings == [] and trace.diagnoses == []
+    assert any(s.hooked for n in trace.nodes.values() for s in n.saved)
