@@ -427,12 +427,30 @@ def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis
                "`.detach()`/`.data`, and torch operations instead of a NumPy round trip. If it should not be "
                "trained, freeze it on purpose with `%s.requires_grad_(False)`." % (name, name))
         out.append(_diag("missing-grad", cut, message, fix, tensor=name, tids=(info.tid,)))
+    out = _one_per_cut(out)
     if unused:
         trace.notes.append("Not used on the way to the loss in this block, so no gradient (by design, as an "
                            "unrouted expert, or not: check): %s." % _listing(unused))
     if frozen:
         trace.notes.append("Frozen on purpose (requires_grad=False), so no gradient: %s." % _listing(frozen))
     return out
+
+
+def _one_per_cut(found: List[Diagnosis]) -> List[Diagnosis]:
+    """One cut that starves many parameters (a layer's weight and bias) is one problem."""
+    by_cut: Dict[tuple, List[Diagnosis]] = {}
+    for d in found:
+        by_cut.setdefault((d.filename, d.line), []).append(d)
+    merged = []
+    for group in by_cut.values():
+        first = group[0]
+        others = [d.tensor for d in group[1:] if d.tensor]
+        if others:
+            first.message += " The same cut also starves %s." % _listing(others)
+            first.also = tuple(others)
+            first.tids = tuple(dict.fromkeys(first.tids + tuple(t for d in group[1:] for t in d.tids)))
+        merged.append(first)
+    return merged
 
 
 def _listing(names: List[Optional[str]]) -> str:
