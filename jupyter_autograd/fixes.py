@@ -30,7 +30,8 @@ REPLACE = "Replace the culprit line with:"
 NO_ONE_LINE_FIX = "There is no one-line fix:"
 SAVED_COPY_REMEDY = (
     "If the in-place write has to stay, PyTorch can keep the old value for backward: run both the forward "
-    "pass and backward() inside `with torch.autograd.graph.allow_mutation_on_saved_tensors():`. It copies a "
+    "pass and backward() inside the context manager `torch.autograd.graph.allow_mutation_on_saved_tensors()`. "
+    "It copies a "
     "saved tensor when it is first changed in place (that much more memory until the graph is freed) and "
     "sends every operation through a Python dispatch mode (slower).")
 
