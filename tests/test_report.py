@@ -129,3 +129,44 @@ def test_code_in_a_fix_is_printed_as_code_not_wrapped():
     report = trace.report()
     code = ("very_long_variable_name_for_the_activation = very_long_variable_name_for_the_activation + 1")
     assert "\n         %s\n" % code in report, report
+
+
+# -- the README's examples are what the code prints ----------------------------------------------
+
+README = (ROOT / "README.md").read_text()
+
+
+def _readme_block(after):
+    """The first fenced block after the given text, as lines."""
+    rest = README[README.index(after) + len(after):]
+    start = rest.index("```")
+    body = rest[rest.index("\n", start) + 1:]
+    return body[:body.index("```")].rstrip("\n").splitlines()
+
+
+def _shown_in(sample, printed):
+    """Every line of the sample is a line printed (a line ending in "..." starts one)."""
+    real = [line.rstrip() for line in printed.splitlines()]
+    for line in sample:
+        if line.endswith("..."):
+            assert any(r.startswith(line[:-3].rstrip()) for r in real), "README line not printed:\n" + line
+        else:
+            assert line.rstrip() in real, "README line not printed:\n%s\n\nprinted:\n%s" % (line, printed)
+
+
+def test_readme_sample_report_is_what_its_example_cell_prints(shell):
+    from IPython.utils.capture import capture_output
+
+    cell = "\n".join(_readme_block("## In Jupyter\n\n```python\n%load_ext jupyter_autograd\n```"))
+    assert cell.startswith("%%autograd\nimport torch\n"), cell
+    with capture_output() as cap:
+        shell.run_cell(cell.replace("%%autograd", "%%autograd --text", 1))
+    printed = "\n".join([cap.stdout] + [o.data.get("text/plain", "") for o in cap.outputs])
+    _shown_in(_readme_block("jupyter-autograd says, in plain words"), printed)
+
+
+def test_readme_sample_note_is_what_a_script_prints(tmp_path):
+    proc = run_script(tmp_path, SCRIPT)
+    sample = _readme_block("a script that dies in `backward()` says which")
+    if HAS_NOTES:
+        _shown_in(sample, proc.stderr)
