@@ -159,7 +159,7 @@ def test_test_script_without_apt_says_what_to_do(fresh_clone):
 def test_test_script_says_once_that_the_shared_corpora_are_not_run(fresh_clone):
     fresh_clone("setup.sh")
     proc, _ = fresh_clone("test.sh", "-m", "not browser")
-    assert proc.stdout.count("shared scenario corpus is not run") == 1, proc.stdout
+    assert proc.stdout.count("the shared scenario corpora (../shared/scenarios, ../shared/scenarios-errors) are not run") == 1, proc.stdout
     proc, calls = fresh_clone("test.sh", "-m", "not browser", CI="true")
     assert proc.returncode != 0 and "CI must run the shared scenario corpus" in proc.stderr
     assert not any("pytest" in c for c in calls)
