@@ -4,12 +4,15 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 import jupyter_autograd as ja
 from jupyter_autograd.render.text import exception_note
 
+from . import scenario_runner as runner
 from .conftest import ROOT
+from .test_fixes import FILES
 
 HAS_NOTES = sys.version_info >= (3, 11)
 
@@ -75,6 +78,23 @@ def test_the_note_changes_neither_the_exception_type_nor_its_message(tmp_path):
     plain, captured = json.loads(proc.stdout)
     assert captured[:2] == plain[:2] and plain[2] == []
     assert len(captured[2]) == (1 if HAS_NOTES else 0)
+
+
+RAISING = [p for p in FILES if "raises" in runner.load(str(p)).outcome]
+
+
+@pytest.mark.parametrize("path", RAISING, ids=[p.parent.name + "/" + p.name for p in RAISING])
+def test_every_scenario_that_raises_gets_the_note_of_its_diagnosis(path):
+    """Over all corpora: where the expected diagnosis is found, its exception carries it."""
+    sc = runner.load(str(path))
+    exc, _, trace = runner.execute(sc.source, sc.path, captured=True)
+    assert exc is not None and trace.error.startswith(exc[0])
+    found = [d for d in trace.diagnoses if d.kind == sc.kind and d.line == sc.culprit]
+    note = exception_note(trace)
+    if found:  # kinds not diagnosed yet have no note to give
+        assert note and note.startswith("jupyter-autograd: " + found[0].title), note
+        assert "culprit: %s, line %d: " % (path.name, sc.culprit) in note or \
+            "culprit and saved: %s, line %d: " % (path.name, sc.culprit) in note, note
 
 
 def test_no_note_on_an_exception_that_no_diagnosis_explains():
