@@ -31,9 +31,8 @@ NO_ONE_LINE_FIX = "There is no one-line fix:"
 SAVED_COPY_REMEDY = (
     "If the in-place write has to stay, PyTorch can keep the old value for backward: run both the forward "
     "pass and backward() inside the context manager `torch.autograd.graph.allow_mutation_on_saved_tensors()`. "
-    "It copies a "
-    "saved tensor when it is first changed in place (that much more memory until the graph is freed) and "
-    "sends every operation through a Python dispatch mode (slower).")
+    "It copies a saved tensor when it is first changed in place (that much more memory until the graph is "
+    "freed) and sends every operation through a Python dispatch mode (slower).")
 
 
 def code(block: str) -> str:
@@ -54,7 +53,7 @@ def accumulation_fix(src: str, linked_name: str, linked_known: bool) -> str:
     if fixed and fixed != src and _is_simple_statement(fixed):
         return ("Accumulate a Python number instead of the tensor. %s\n%s\n"
                 "(`.detach()` instead of `.item()` if `%s` is not a single number)."
-                % (REPLACE, code(fixed), linked_name))
+                % (REPLACE, code(fixed), _expr(linked_name)))
     return "Accumulate `%s.item()` (a Python number) or `%s.detach()` instead of the tensor." % (
         _expr(linked_name), _expr(linked_name))
 
@@ -128,7 +127,7 @@ _MODULES = {"relu": "ReLU", "leaky_relu": "LeakyReLU", "elu": "ELU", "selu": "SE
 
 
 def data_fix(trace: Trace, culprit, name: str, save: Optional[OpRecord]) -> str:
-    alias = trace.tensor_label(culprit[1]) if culprit else "the alias"
+    alias = _expr(trace.tensor_label(culprit[1])) if culprit else "the alias"
     made = None
     if culprit is not None:
         info = trace.tensors.get(culprit[1])
@@ -174,8 +173,9 @@ def out_of_place(src: str) -> Optional[str]:
     if stmt is None:
         return None
     if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+        # Through the AST, so `y *= a + b` becomes `y = y * (a + b)`.
         target = stmt.target.id
-        return "%s = %s %s %s" % (target, target, _OPS.get(type(stmt.op), "?"), ast.unparse(stmt.value))
+        return "%s = %s" % (target, ast.unparse(ast.BinOp(ast.Name(target), stmt.op, stmt.value)))
     if "inplace=True" in src:
         return src.replace("inplace=True", "inplace=False")
     if isinstance(stmt, (ast.Expr, ast.Assign)):
@@ -200,13 +200,13 @@ _NO_TWIN = {
     "zero_": lambda r, a: "torch.zeros_like(%s)" % r if not a else None,
     "fill_": lambda r, a: "torch.full_like(%s, %s)" % (r, a[0]) if len(a) == 1 else None,
     "copy_": lambda r, a: "%s.to(%s).expand_as(%s).clone()" % (_operand(a[0]), r, r) if len(a) == 1 else None,
-    "normal_": lambda r, a: _scaled("torch.randn_like(%s)" % r, a, shift=0, scale=1),
+    "normal_": lambda r, a: _scaled("torch.randn_like(%s)" % r, a),
     "uniform_": lambda r, a: ("torch.rand_like(%s)" % r if not a else
                               "torch.rand_like(%s) * (%s - %s) + %s" % (r, a[1], a[0], a[0]) if len(a) == 2 else None),
 }
 for _name in ("random_", "cauchy_", "exponential_", "geometric_", "log_normal_", "bernoulli_", "fill_diagonal_",
               "apply_", "map_", "map2_", "set_", "share_memory_", "sparse_resize_", "sparse_resize_and_clear_",
-              "resize_as_sparse_", "requires_grad_", "resize_", "resize_as_", "detach_", "index_put_"):
+              "resize_as_sparse_", "requires_grad_", "resize_", "resize_as_", "detach_"):
     _NO_TWIN.setdefault(_name, lambda r, a: None)
 
 
@@ -214,7 +214,8 @@ def _operand(src: str) -> str:
     return src if re.fullmatch(r"[A-Za-z_][\w.]*", src) else "(%s)" % src
 
 
-def _scaled(base: str, args, shift, scale) -> Optional[str]:
+def _scaled(base: str, args) -> Optional[str]:
+    """`normal_(mean, std)` as `randn_like(...) * std + mean`."""
     if not args:
         return base
     if len(args) == 2:
@@ -282,11 +283,6 @@ def _is_simple_statement(src: str) -> bool:
 def _expr(label: str) -> str:
     """A tensor's label as code: `net.2.weight` (a parameter's dotted name) -> `net[2].weight`."""
     return re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", label or "")
-
-
-_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**", ast.FloorDiv: "//",
-        ast.Mod: "%", ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^",
-        ast.LShift: "<<", ast.RShift: ">>"}
 
 
 def _replace_name(src: str, name: str, replacement: str) -> str:

@@ -301,7 +301,7 @@ def test_rewrites_compute_what_the_inplace_line_computed():
     torch.manual_seed(0)
     z = torch.randn(3)
     for line in ("y.zero_()", "y.fill_(2.5)", "y.copy_(z)", "y.add_(z)", "y.mul_(z)", "y += z", "y @= torch.eye(3)",
-                 "y.clamp_(min=0)", "y[1:] = 0", "y.masked_fill_(y > 0, 1.0)", "out = y.sub_(z)"):
+                 "y.clamp_(min=0)", "y[1:] = 0", "y *= z + 1", "y -= z - 1", "y **= 2", "y.masked_fill_(y > 0, 1.0)", "out = y.sub_(z)"):
         plain = {"torch": torch, "y": torch.randn(3), "z": z}
         fixed = dict(plain, y=plain["y"].clone())
         exec(line, plain)
