@@ -1,6 +1,22 @@
 """The fixes a diagnosis suggests, and the wording shared by messages and fixes.
 
-Plain text from plain data: every fix is code the user can paste (see tests/test_fixes.py).
+Plain text from plain data. A fix is prose with code in it, by one convention that
+tests/test_fixes.py checks on every scenario (and that every new kind of diagnosis follows):
+
+* Code blocks. A line of a fix indented by four spaces (or more) is code; a run of such lines
+  is one block which, dedented by four, compiles on its own (`compile(block, "", "exec")`).
+  It uses only the user's own names, `torch`, `nn` and `F`, and every method and attribute
+  it names exists (on torch.Tensor, nn.Module, the optimizer, or the module it is read from).
+* Drop-in replacements. A block right after a prose line that ends with
+  "Replace the culprit line with:" replaces the diagnosis's culprit line (`Diagnosis.line`
+  in `Diagnosis.filename`), re-indented to that line's indentation. That is the whole fix: the
+  test applies it and checks that the diagnosis is gone and that backward then gives the
+  gradients of the clean program. Use it only when that is true.
+* No guessing. When no single change is right (the cause is elsewhere, or it depends on what the
+  user meant), the fix starts with "There is no one-line fix:" and says what to change where;
+  its code blocks are then examples, still valid code.
+* Names in backticks in the prose are real too: a method written `.item()` or `x.detach()`
+  exists on a tensor, a module or an optimizer; `torch.a.b()` can be looked up from `torch`.
 """
 from __future__ import annotations
 
@@ -10,21 +26,36 @@ from typing import Optional
 
 from .model import OpRecord, Trace
 
+REPLACE = "Replace the culprit line with:"
+NO_ONE_LINE_FIX = "There is no one-line fix:"
+SAVED_COPY_REMEDY = (
+    "If the in-place write has to stay, PyTorch can keep the old value for backward: run both the forward "
+    "pass and backward() inside the context manager `torch.autograd.graph.allow_mutation_on_saved_tensors()`. "
+    "It copies a saved tensor when it is first changed in place (that much more memory until the graph is "
+    "freed) and sends every operation through a Python dispatch mode (slower).")
+
+
+def code(block: str) -> str:
+    """A code block of a fix: each line indented by four spaces (the module's convention)."""
+    return "\n".join("    " + line if line else "" for line in block.splitlines())
+
 
 def leaf_fix(text: str, name: str) -> str:
-    if text:
-        return ("Do the change without recording it, before the tensor is used:\n"
-                "    with torch.no_grad():\n        %s\n"
-                "or make the change before setting requires_grad=True (or on `%s.detach()`)." % (text, name))
+    if text and _is_simple_statement(text):
+        return ("Make the change without recording it, before `%s` is used. %s\n%s\n"
+                "(or make it before setting requires_grad=True, or through `%s.detach()`)."
+                % (name, REPLACE, code("with torch.no_grad():\n    " + text), _expr(name)))
     return "Wrap the in-place change in `with torch.no_grad():`, before the tensor is used."
 
 
 def accumulation_fix(src: str, linked_name: str, linked_known: bool) -> str:
     fixed = _replace_name(src, linked_name, linked_name + ".item()") if src and linked_known else ""
-    if fixed and fixed != src:
-        return "Accumulate a Python number instead of the tensor: `%s`" % fixed
+    if fixed and fixed != src and _is_simple_statement(fixed):
+        return ("Accumulate a Python number instead of the tensor. %s\n%s\n"
+                "(`.detach()` instead of `.item()` if `%s` is not a single number)."
+                % (REPLACE, code(fixed), _expr(linked_name)))
     return "Accumulate `%s.item()` (a Python number) or `%s.detach()` instead of the tensor." % (
-        linked_name, linked_name)
+        _expr(linked_name), _expr(linked_name))
 
 
 def line_ref(op: OpRecord) -> str:
@@ -57,39 +88,46 @@ _AUG = {"__iadd__": "+=", "__isub__": "-=", "__imul__": "*=", "__itruediv__": "/
 
 def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[OpRecord]) -> str:
     if op is None:
-        return "Write to a copy (`%s = %s.clone()`) instead of the saved tensor." % (name, name)
+        return ("Write to a copy (`%s = %s.clone()`) instead of the saved tensor.\n%s"
+                % (_expr(name), _expr(name), SAVED_COPY_REMEDY))
     src = op.location.source if op.location else ""
     before = (" Or, if the new values were meant to be used, make the change before %s." % line_ref(save)
-              if save is not None and save.location else "")
+              if save is not None and save.location and not (op.location and op.location.line == save.location.line)
+              else "")
     rewritten = out_of_place(src)
     if rewritten:
-        return "Use the out-of-place form, which leaves the saved value intact:\n    %s\n%s" % (rewritten, before.strip())
-    if src and "[" in src.split("=")[0] and "=" in src:
-        target = src.split("[", 1)[0].strip()
-        return ("Write to a copy, so the saved tensor keeps its value:\n    %s = %s.clone()\n    %s\n%s"
-                % (target, target, src, before.strip()))
+        return ("Use the out-of-place form, which leaves the saved value intact. %s\n%s\n%s\n%s"
+                % (REPLACE, code(rewritten), before.strip(), SAVED_COPY_REMEDY)).replace("\n\n", "\n")
+    copied = copy_before_write(src)
+    if copied:
+        return ("Write to a copy, so the saved tensor keeps its value. %s\n%s\n%s\n%s"
+                % (REPLACE, code(copied), before.strip(), SAVED_COPY_REMEDY)).replace("\n\n", "\n")
     short = op.name.split(".")[-1]
     if "step" in src or "optim" in op.name:
-        return ("The optimizer changed parameters that a graph still needs. Call backward() for every loss that "
-                "uses them before optimizer.step(), or run the forward pass again after the step (in GAN "
-                "training: compute the generator's loss after the discriminator's step, or detach it).")
+        return (NO_ONE_LINE_FIX + " the optimizer changed parameters that a graph still needs. Call backward() "
+                "for every loss that uses them before optimizer.step(), or run the forward pass again after the "
+                "step (in GAN training: compute the generator's loss after the discriminator's step, or detach "
+                "it).")
     if not short.endswith("_") and op.name.startswith("F."):
-        return ("%s runs `%s(..., inplace=True)` inside this call. Use its out-of-place form "
-                "(e.g. `nn.%s(inplace=False)` or `inplace=False`).%s"
-                % (where(op), op.name, _module_name(short), before))
+        module = _MODULES.get(short)
+        example = ("\n%s\n" % code("nn.%s(inplace=False)" % module)) if module else " "
+        return ("%s %s runs `%s(..., inplace=True)` inside this call. Build the model with the out-of-place "
+                "form instead:%s(or pass `inplace=False` to `%s`).%s"
+                % (NO_ONE_LINE_FIX, where(op), op.name, example, op.name, before))
     return ("%s changes the saved tensor in place with %s. Use the out-of-place form of that operation, "
-            "or `.clone()` the tensor before changing it.%s" % (where(op), describe_write(op), before))
+            "or `.clone()` the tensor before changing it.%s\n%s"
+            % (where(op), describe_write(op), before, SAVED_COPY_REMEDY))
 
 
-def _module_name(fn: str) -> str:
-    return {"relu": "ReLU", "leaky_relu": "LeakyReLU", "elu": "ELU", "selu": "SELU", "celu": "CELU",
+# The nn modules whose functional form was called with inplace=True.
+_MODULES = {"relu": "ReLU", "leaky_relu": "LeakyReLU", "elu": "ELU", "selu": "SELU", "celu": "CELU",
             "hardtanh": "Hardtanh", "relu6": "ReLU6", "dropout": "Dropout", "silu": "SiLU",
-            "hardswish": "Hardswish", "hardsigmoid": "Hardsigmoid", "threshold": "Threshold",
-            "mish": "Mish", "rrelu": "RReLU", "alpha_dropout": "AlphaDropout"}.get(fn, fn)
+            "hardswish": "Hardswish", "hardsigmoid": "Hardsigmoid", "mish": "Mish", "rrelu": "RReLU",
+            "alpha_dropout": "AlphaDropout"}
 
 
 def data_fix(trace: Trace, culprit, name: str, save: Optional[OpRecord]) -> str:
-    alias = trace.tensor_label(culprit[1]) if culprit else "the alias"
+    alias = _expr(trace.tensor_label(culprit[1])) if culprit else "the alias"
     made = None
     if culprit is not None:
         info = trace.tensors.get(culprit[1])
@@ -97,48 +135,154 @@ def data_fix(trace: Trace, culprit, name: str, save: Optional[OpRecord]) -> str:
             info = trace.tensors.get(info.base)
         if info is not None and info.created_by is not None:
             made = trace.ops[info.created_by]
-    where = (" (made on %s: `%s`)" % (line_ref(made), made.location.source)
-             if made is not None and made.location else "")
-    moved = " or make the change before %s," % line_ref(save) if save is not None and save.location else ""
-    return ("Never write through `.data` into a tensor that backward still needs. Use `.detach()` instead of "
-            "`.data` for `%s`%s, so PyTorch checks the write; then write to a copy (`%s.detach().clone()`),%s "
-            "or do the update after backward()." % (alias, where, name, moved))
+    op = culprit[0] if culprit else None
+    src = op.location.source if op is not None and op.location else ""
+    moved = "make the change before %s, or after backward()" % line_ref(save) if save is not None and \
+        save.location else "make the change after backward()"
+    head = "never write through `.data` into a tensor that backward still needs: PyTorch cannot see the write."
+    detach = ""
+    if made is not None and made.location and made.location.source.count(".data") == 1 and \
+            not (op is not None and op.location and op.location.line == made.location.line):
+        fixed = made.location.source.replace(".data", ".detach()")
+        if _is_simple_statement(fixed):
+            detach = ("\nAnd take the alias with `.detach()` on %s, so that PyTorch raises instead of computing "
+                      "wrong gradients:\n%s" % (line_ref(made), code(fixed)))
+    # Writing to a copy of the alias is a sound one-line fix when the alias has a name of its own.
+    rewritten = out_of_place(src) or copy_before_write(src)
+    if rewritten and ".data" not in src:
+        return ("%s If the new values are meant only for `%s`, write to a copy. %s\n%s\nOtherwise %s.%s"
+                % (head[0].upper() + head[1:], alias, REPLACE, code(rewritten), moved, detach))
+    # `w.data.mul_(0.5)`: the write is meant for the tensor itself, so it must move.
+    under_no_grad = src.replace(".data", "") if src.count(".data") == 1 else ""
+    if under_no_grad and _is_simple_statement(under_no_grad):
+        return ("%s %s %s; there, do it under torch.no_grad() instead of through `.data`:\n%s%s"
+                % (NO_ONE_LINE_FIX, head, moved[0].upper() + moved[1:],
+                   code("with torch.no_grad():\n    " + under_no_grad), detach))
+    return ("%s %s Use `.detach()` instead of `.data` for `%s`, so PyTorch checks the write; then write to a "
+            "copy (`%s.detach().clone()`), or %s.%s" % (NO_ONE_LINE_FIX, head, alias, _expr(name), moved, detach))
 
 
 def out_of_place(src: str) -> Optional[str]:
-    """The out-of-place form of a line that writes in place, or None when there is no simple one.
+    """The out-of-place form of a line that writes in place, or None when there is no sound one.
 
-    `y += 1` -> `y = y + 1`; `x.add_(b)` -> `x = x.add(b)`; `nn.ReLU(inplace=True)` -> inplace=False.
+    `y += 1` -> `y = y + 1`; `x.add_(b)` -> `x = x.add(b)`; `c.zero_()` -> `c = torch.zeros_like(c)`;
+    `nn.ReLU(inplace=True)` -> inplace=False. The written tensor must have a plain name: rebinding
+    `net.weight` or `x[0]` would not do the same thing.
     """
-    try:
-        tree = ast.parse(src)
-    except SyntaxError:
+    stmt = _single_statement(src)
+    if stmt is None:
         return None
-    if len(tree.body) != 1:
-        return None
-    stmt = tree.body[0]
-    if isinstance(stmt, ast.AugAssign) and not isinstance(stmt.target, ast.Subscript):
-        target = ast.unparse(stmt.target)
-        return "%s = %s %s %s" % (target, target, _OPS.get(type(stmt.op), "?"), ast.unparse(stmt.value))
+    if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+        # Through the AST, so `y *= a + b` becomes `y = y * (a + b)`.
+        target = stmt.target.id
+        return "%s = %s" % (target, ast.unparse(ast.BinOp(ast.Name(target), stmt.op, stmt.value)))
     if "inplace=True" in src:
         return src.replace("inplace=True", "inplace=False")
     if isinstance(stmt, (ast.Expr, ast.Assign)):
         call = stmt.value
-        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr.endswith("_") \
-                and not call.func.attr.startswith("_"):
-            receiver = ast.unparse(call.func.value)
-            new_call = "%s.%s(%s)" % (receiver, call.func.attr[:-1], ", ".join(
-                [ast.unparse(a) for a in call.args] + [ast.unparse(k) for k in call.keywords]))
-            if isinstance(stmt, ast.Expr) and re.fullmatch(r"[\w.]+", receiver):
-                return "%s = %s" % (receiver, new_call)
-            if isinstance(stmt, ast.Assign):
-                return "%s = %s" % (" = ".join(ast.unparse(t) for t in stmt.targets), new_call)
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                and isinstance(call.func.value, ast.Name)):
+            return None
+        method, receiver = call.func.attr, call.func.value.id
+        new_call = _out_of_place_call(receiver, method, call.args, call.keywords)
+        if new_call is None:
+            return None
+        if isinstance(stmt, ast.Assign):  # `y = x.add_(1)` also changed x: rebind both
+            names = [ast.unparse(t) for t in stmt.targets]
+            return "%s = %s" % (" = ".join(names + ([receiver] if receiver not in names else [])), new_call)
+        return "%s = %s" % (receiver, new_call)
     return None
 
 
-_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**", ast.FloorDiv: "//",
-        ast.Mod: "%", ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^",
-        ast.LShift: "<<", ast.RShift: ">>"}
+# In-place methods of torch.Tensor whose name without the "_" is not their out-of-place form
+# (tests/test_fixes.py checks this list against the installed torch). None: no simple one.
+_NO_TWIN = {
+    "zero_": lambda r, a: "torch.zeros_like(%s)" % r if not a else None,
+    "fill_": lambda r, a: "torch.full_like(%s, %s)" % (r, a[0]) if len(a) == 1 else None,
+    "copy_": lambda r, a: "%s.to(%s).expand_as(%s).clone()" % (_operand(a[0]), r, r) if len(a) == 1 else None,
+    "normal_": lambda r, a: _scaled("torch.randn_like(%s)" % r, a),
+    "uniform_": lambda r, a: ("torch.rand_like(%s)" % r if not a else
+                              "torch.rand_like(%s) * (%s - %s) + %s" % (r, a[1], a[0], a[0]) if len(a) == 2 else None),
+}
+for _name in ("random_", "cauchy_", "exponential_", "geometric_", "log_normal_", "bernoulli_", "fill_diagonal_",
+              "apply_", "map_", "map2_", "set_", "share_memory_", "sparse_resize_", "sparse_resize_and_clear_",
+              "resize_as_sparse_", "requires_grad_", "resize_", "resize_as_", "detach_"):
+    _NO_TWIN.setdefault(_name, lambda r, a: None)
+
+
+def _operand(src: str) -> str:
+    return src if re.fullmatch(r"[A-Za-z_][\w.]*", src) else "(%s)" % src
+
+
+def _scaled(base: str, args) -> Optional[str]:
+    """`normal_(mean, std)` as `randn_like(...) * std + mean`."""
+    if not args:
+        return base
+    if len(args) == 2:
+        return "%s * %s + %s" % (base, args[1], args[0])
+    return None
+
+
+def _out_of_place_call(receiver: str, method: str, args, keywords) -> Optional[str]:
+    if not method.endswith("_") or method.startswith("_"):
+        return None
+    if method in _NO_TWIN:
+        if keywords:
+            return None
+        return _NO_TWIN[method](receiver, [ast.unparse(a) for a in args])
+    return "%s.%s(%s)" % (receiver, method[:-1], ", ".join(
+        [ast.unparse(a) for a in args] + [ast.unparse(k) for k in keywords]))
+
+
+def copy_before_write(src: str) -> Optional[str]:
+    """`d[:] = 1` -> `d = d.clone()` then the same line: the saved tensor keeps its value."""
+    stmt = _single_statement(src)
+    if stmt is None:
+        return None
+    target = None
+    if isinstance(stmt, (ast.Assign, ast.AugAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        if len(targets) == 1 and isinstance(targets[0], ast.Subscript):
+            target = _plain_name(targets[0].value)
+    elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and \
+            isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr.endswith("_"):
+        target = _plain_name(stmt.value.func.value)
+    if target is None:
+        return None
+    value = stmt.value if isinstance(stmt, ast.Assign) else None
+    if value is not None and any(isinstance(n, ast.Name) and n.id == target for n in ast.walk(value)):
+        # `h[t + 1] = f(h[t])`: f saves a view of h, so compute it before the copy is written to.
+        new = "new_" + target
+        return "%s = %s\n%s = %s.clone()\n%s = %s" % (new, ast.unparse(value), target, target,
+                                                      ast.unparse(stmt.targets[0]), new)
+    return "%s = %s.clone()\n%s" % (target, target, src.strip())
+
+
+def _plain_name(node) -> Optional[str]:
+    """The name written through: `d` for `d[...]` and `d[0][1]`; None for `net.weight` and calls."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _single_statement(src: str):
+    try:
+        tree = ast.parse((src or "").strip())
+    except SyntaxError:
+        return None
+    return tree.body[0] if len(tree.body) == 1 else None
+
+
+def _is_simple_statement(src: str) -> bool:
+    """One statement that can stand alone in a block (not `for x in y:` cut from its body)."""
+    stmt = _single_statement(src)
+    return stmt is not None and not isinstance(stmt, (ast.For, ast.While, ast.If, ast.With, ast.Try,
+                                                      ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+
+
+def _expr(label: str) -> str:
+    """A tensor's label as code: `net.2.weight` (a parameter's dotted name) -> `net[2].weight`."""
+    return re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", label or "")
 
 
 def _replace_name(src: str, name: str, replacement: str) -> str:

@@ -1,12 +1,17 @@
 """The benchmark's quick mode runs in CI so it cannot rot. It asserts that every number was
 produced (never how fast: performance goals live in the benchmark's own output)."""
+import importlib.util
 import json
 import math
 import pathlib
+import re
 import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("benchmark_run", ROOT / "benchmarks" / "run.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
 
 
 def test_quick_benchmark_produces_every_number(tmp_path):
@@ -24,3 +29,31 @@ def test_quick_benchmark_produces_every_number(tmp_path):
     assert [r["nodes"] for r in results["scale"]] == [1001, 10001]
     assert results["memory"]["retained_tensors"] == 0
     assert "one training step" in proc.stdout and "memory" in proc.stdout
+    # Its ratios are noise: it says so, and judges no goal.
+    assert "--quick is a smoke test" in proc.stdout
+    assert not re.search(r"^\s+(met|MISSED)\s", proc.stdout, re.M)
+    assert len(results["goals"]) == len(bench.goals(results))
+
+
+def _results(capture_x=1.05, diagnose_x=1.08, anomaly_x=1.2, open_10k=0.8, open_100k=None, ratio=1.0, retained=0):
+    scale = [{"nodes": 1001, "open_widget_s": 0.1, "click_ms": 0.1},
+             {"nodes": 10001, "open_widget_s": open_10k, "click_ms": 0.1}]
+    if open_100k is not None:
+        scale.append({"nodes": 100001, "open_widget_s": open_100k, "click_ms": 0.2})
+    row = {"capture_x": capture_x, "diagnose_x": diagnose_x, "anomaly_x": anomaly_x}
+    return {"workloads": {"MLP": dict(row), "Recurrent chain": dict(row)}, "scale": scale,
+            "memory": {"ratio": ratio, "retained_tensors": retained}, "cuda": "no CUDA device on this machine"}
+
+
+def test_full_run_says_met_or_missed_for_each_goal():
+    met = {g: ok for g, _, ok in bench.goals(_results(open_100k=6.5))}
+    assert all(ok for g, ok in met.items() if "CUDA" not in g), met
+    assert met["no CUDA synchronisation"] is None  # not measured without a GPU, never "met"
+    missed = {g: ok for g, _, ok in bench.goals(_results(capture_x=1.17, diagnose_x=1.3, open_10k=2.5,
+                                                                    ratio=1.2, retained=1))}
+    assert missed["capture <= 1.10x, MLP"] is False and "capture <= 1.10x, Recurrent chain" not in missed
+    assert missed["capture + diagnose below anomaly mode, MLP"] is False
+    assert missed["capture below anomaly mode, MLP"] is True
+    assert missed["10,000 nodes captured, diagnosed and opened < 2 s"] is False
+    assert missed["100,000 nodes captured, diagnosed and opened < 10 s"] is None  # not run
+    assert missed["peak memory under capture <= 1.10x"] is False and missed["no user tensor kept alive"] is False

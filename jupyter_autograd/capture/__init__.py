@@ -87,6 +87,7 @@ class capture:
         finally:
             self._recorder = self._outer = self._namespace = None
         if exc is not None:
+            _add_note(exc, self.trace)
             _hide_own_frames(exc)
         return False
 
@@ -150,3 +151,19 @@ def finish(recorder, namespaces, exc=None):
         return trace
 
     return build
+
+
+def _add_note(exc: BaseException, trace: Trace) -> None:
+    """Put the diagnosis that explains the exception into its traceback (PEP 678, Python 3.11+),
+    so a script that dies in backward() says which line did it. Never changes the exception's
+    type or str(), never raises; not for Ctrl-C, which must stop at once (no analysis)."""
+    if not isinstance(exc, Exception) or not hasattr(exc, "add_note"):
+        return
+    try:
+        from ..render.text import exception_note
+
+        note = exception_note(trace)
+        if note and note not in getattr(exc, "__notes__", ()):
+            exc.add_note(note)
+    except Exception:  # the user's exception matters more than our note
+        pass

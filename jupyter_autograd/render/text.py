@@ -1,10 +1,24 @@
-"""The plain-text report: what a terminal, a CI log or `text/plain` shows."""
+"""The plain-text report: what a terminal, a CI log or `text/plain` shows, and the note that a
+script's traceback gets when a diagnosis explains its exception."""
 from __future__ import annotations
 
+import os
 import textwrap
 from collections import Counter
+from typing import List, Optional
 
-from ..model import Trace
+from ..model import PROBLEM_KINDS, Diagnosis, Trace
+
+# The words of PyTorch's own error that each kind explains: a note goes on an exception only when
+# the diagnosis is about that very error, never on an unrelated one (a NameError, a shape mismatch).
+EXPLAINS = {
+    "leaf-inplace": ("leaf Variable that requires grad",),
+    "saved-tensor-modified": ("modified by an inplace operation",),
+    "graph-freed": ("backward through the graph a second time", "saved tensors after they have already been freed"),
+    "graph-cut": ("does not require grad and does not have a grad_fn",),
+    "missing-grad": ("not have been used in the graph",),
+    "nan-gradient": ("returned nan values", "returned inf values"),
+}
 
 
 def graph_summary(trace: Trace) -> str:
@@ -23,25 +37,110 @@ def graph_summary(trace: Trace) -> str:
     return "\n".join(parts)
 
 
+def headline(trace: Trace) -> str:
+    if trace.error and not trace.ops:
+        return ("jupyter-autograd: the block stopped before any tensor operation ran (%s); there is no "
+                "graph to analyse." % _first_line(trace.error))
+    if trace.diagnoses:
+        n = len(trace.diagnoses)
+        return "jupyter-autograd: %d problem%s found" % (n, "" if n == 1 else "s")
+    if trace.error:
+        return "jupyter-autograd: no problems found with autograd (the block raised %s)" % _first_line(trace.error)
+    return "jupyter-autograd: no problems found"
+
+
 def text_report(trace: Trace, width: int = 100) -> str:
-    lines = ["jupyter-autograd: " + ("%d problem%s found" % (len(trace.diagnoses), "" if len(trace.diagnoses) == 1
-                                                                else "s") if trace.diagnoses else "no problems found")]
+    lines = [headline(trace)]
     for i, d in enumerate(trace.diagnoses, 1):
         lines.append("")
         lines.append("%d. [%s] %s" % (i, d.kind, d.title))
-        if d.line is not None:
-            lines.append("   culprit: line %d: %s" % (d.line, d.source))
-        if d.saved_line is not None:
-            lines.append("   saved:   line %d: %s" % (d.saved_line, d.saved_source))
+        lines.extend(_lines_of(d, "   "))
+        shown = [s for s in (d.source, d.saved_source) if s]
         if d.saved_version is not None and d.kind == "saved-tensor-modified":
             lines.append("   version: saved at %s, now %s (%s)" % (d.saved_version, d.current_version, d.node))
-        lines.extend(textwrap.wrap(d.message, width, initial_indent="   ", subsequent_indent="   "))
+        lines.extend(_wrap(_without_repeats(d.message, shown), width, "   "))
         lines.append("   fix:")
-        for fix_line in d.fix.splitlines():
-            lines.extend(textwrap.wrap(fix_line, width, initial_indent="     ", subsequent_indent="     ",
-                                       drop_whitespace=False) or [""])
+        lines.extend(fix_lines(_without_repeats(d.fix, shown), width, "     "))
+    if trace.error and not trace.ops:
+        return "\n".join(lines + [w for w in ("warning: " + w for w in trace.warnings)])
     lines.append("")
     lines.append(graph_summary(trace))
     for w in trace.warnings:
         lines.append("warning: " + w)
     return "\n".join(lines)
+
+
+def exception_note(trace: Trace) -> Optional[str]:
+    """A few lines for the traceback of a block that raised (PEP 678 `add_note`): the diagnosis
+    that explains the exception, its lines and the start of its fix. None when no diagnosis is
+    about this exception."""
+    error = trace.error or ""
+    for d in trace.diagnoses:
+        if d.kind in PROBLEM_KINDS and any(words in error for words in EXPLAINS.get(d.kind, ())):
+            lines = ["jupyter-autograd: %s" % d.title]
+            lines.extend(_lines_of(d, "  ", with_file=True))
+            fix = fix_lines(_short_fix(d.fix), 100, "  ")
+            if fix:
+                lines.append("  fix: " + fix[0].strip())
+                lines.extend(fix[1:])
+            lines.append("  (trace.report() has the whole diagnosis)")
+            return "\n".join(lines)
+    return None
+
+
+def fix_lines(fix: str, width: int, indent: str) -> List[str]:
+    """Prose wrapped to the width; code (lines indented by four spaces, see fixes.py) as it is."""
+    out = []
+    for line in fix.splitlines():
+        if line.startswith("    "):
+            out.append(indent + line)
+        else:
+            out.extend(_wrap(line, width, indent) or [""])
+    return out
+
+
+def _lines_of(d: Diagnosis, indent: str, with_file: bool = False) -> List[str]:
+    def place(filename, line):
+        name = os.path.basename(filename) if with_file and filename and not filename.startswith("<") else ""
+        return "%s, line %d" % (name, line) if name else "line %d" % line
+
+    culprit = (d.filename, d.line, d.source) if d.line is not None else None
+    saved = (d.saved_filename or d.filename, d.saved_line, d.saved_source) if d.saved_line is not None else None
+    if culprit and saved and culprit[:2] == saved[:2]:
+        # One line did both (a one-line cell, or a model whose forward saves and then writes).
+        return ["%sculprit and saved: %s: %s" % (indent, place(*culprit[:2]), culprit[2])]
+    out = []
+    if culprit:
+        out.append("%sculprit: %s: %s" % (indent, place(*culprit[:2]), culprit[2]))
+    if saved:
+        out.append("%ssaved:   %s: %s" % (indent, place(*saved[:2]), saved[2]))
+    return out
+
+
+def _without_repeats(text: str, shown: List[str]) -> str:
+    """Drop " (`source`)" after a line number when that source line is already printed above."""
+    for source in shown:
+        text = text.replace(" (`%s`)" % source, "")
+    return text
+
+
+def _short_fix(fix: str) -> str:
+    """The fix up to the end of its first code block (or its first line when it has none)."""
+    lines = fix.splitlines()
+    end = 1
+    for i, line in enumerate(lines):
+        if line.startswith("    "):
+            end = i + 1
+        elif end > 1:
+            break
+    return "\n".join(lines[:end])
+
+
+def _wrap(text: str, width: int, indent: str) -> List[str]:
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent,
+                         break_long_words=False, break_on_hyphens=False)
+
+
+def _first_line(error: str) -> str:
+    first = error.splitlines()[0] if error else ""
+    return first if len(first) <= 200 else first[:197] + "..."

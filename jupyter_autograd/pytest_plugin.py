@@ -1,0 +1,93 @@
+"""pytest plugin (entry point `pytest11`): a project's own tests, run under capture().
+
+    pytest --autograd         # fail every test whose code breaks autograd, with the report
+
+With `--autograd`, each test's body runs under `jupyter_autograd.capture()`; a test that passed
+but whose code produced a problem diagnosis (a silent write through `.data`, an in-place write
+to a saved tensor, graphs kept alive across iterations, ...) fails with the plain-text report.
+A test that raised keeps its own failure, whose traceback carries the diagnosis as a note.
+`@pytest.mark.autograd_ok` exempts a test that means to do it.
+
+The `autograd_trace` fixture gives a test the Trace of its own code, with or without the flag:
+
+    def test_training_step(autograd_trace):
+        train_one_step(model, batch)
+        assert not autograd_trace.diagnoses, autograd_trace.report()
+
+Recording starts before the test's body and stops when the trace is first read (or when the
+test ends): read it after the code it is about.
+"""
+from __future__ import annotations
+
+import pytest
+
+# jupyter_autograd (and torch) are imported when a test needs them, not when pytest starts.
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("autograd", "jupyter-autograd")
+    group.addoption("--autograd", action="store_true", default=False,
+                    help="run each test under jupyter_autograd.capture() and fail the tests whose code breaks "
+                         "autograd (silent .data writes, in-place writes to saved tensors, ...), with the report")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "autograd_ok: the test means to break autograd; --autograd does not fail it")
+
+
+class LiveTrace:
+    """The Trace of the running test. The first read stops the recording and builds it."""
+
+    def __init__(self, namespace=None):
+        from jupyter_autograd import capture
+
+        self._capture = capture(namespace=namespace)
+        self._trace = self._capture.__enter__()
+        self._running = True
+
+    def stop(self, exc=None):
+        if self._running:
+            self._running = False
+            self._capture.__exit__(type(exc) if exc is not None else None, exc,
+                                   exc.__traceback__ if exc is not None else None)
+        return self._trace
+
+    def __getattr__(self, name):
+        return getattr(self.stop(), name)
+
+    def __repr__(self):
+        return repr(self.stop())
+
+
+def _namespace(item):
+    module = getattr(item, "module", None)
+    return [vars(module)] if module is not None else None
+
+
+@pytest.fixture
+def autograd_trace(request):
+    """The Trace of this test's code (recorded until it is first read)."""
+    live = LiveTrace(_namespace(request.node))
+    yield live
+    live.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    if not item.config.getoption("autograd") or item.get_closest_marker("autograd_ok"):
+        return (yield)
+    funcargs = getattr(item, "funcargs", {})
+    live = funcargs.get("autograd_trace") if isinstance(funcargs.get("autograd_trace"), LiveTrace) else None
+    live = live or LiveTrace(_namespace(item))
+    try:
+        result = yield
+    except BaseException as exc:
+        live.stop(exc)  # the test failed on its own; capture adds the diagnosis to its traceback
+        raise
+    from jupyter_autograd.model import PROBLEM_KINDS
+
+    trace = live.stop()
+    if any(d.kind in PROBLEM_KINDS for d in trace.diagnoses):
+        pytest.fail("the test's code breaks autograd (pytest --autograd; mark it autograd_ok if it means to)\n\n"
+                    + trace.report(), pytrace=False)
+    return result

@@ -1,0 +1,192 @@
+"""The plain-text report and the note a script's traceback gets (PEP 678), as a user meets them."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import jupyter_autograd as ja
+from jupyter_autograd.render.text import exception_note
+
+from . import scenario_runner as runner
+from .conftest import ROOT
+from .test_fixes import FILES
+
+HAS_NOTES = sys.version_info >= (3, 11)
+
+SCRIPT = """\
+import torch
+import jupyter_autograd as ja
+
+x = torch.tensor([[1.0, 2.0]])
+w1 = torch.tensor([[2.0], [1.0]], requires_grad=True)
+w2 = torch.tensor([3.0], requires_grad=True)
+with ja.capture() as trace:
+    d = torch.matmul(x, w1)
+    f = torch.matmul(d, w2)
+    d[:] = 1
+    f.backward()
+"""
+
+
+def run_script(tmp_path, source, name="train.py"):
+    script = tmp_path / name
+    script.write_text(source)
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_script_that_raises_shows_the_diagnosis_under_its_traceback(tmp_path):
+    proc = run_script(tmp_path, SCRIPT)
+    assert proc.returncode == 1
+    err = proc.stderr
+    assert "RuntimeError: one of the variables needed for gradient computation has been modified" in err
+    if not HAS_NOTES:
+        assert "jupyter-autograd" not in err
+        return
+    note = err[err.index("Hint: enable anomaly detection"):]
+    assert "jupyter-autograd: A tensor saved for backward was modified in place (`d`)" in note
+    assert "culprit: train.py, line 10: d[:] = 1" in note
+    assert "saved:   train.py, line 9: f = torch.matmul(d, w2)" in note
+    assert "fix: Write to a copy" in note and "d = d.clone()" in note
+    assert len(note.strip().splitlines()) <= 10, note  # a few lines, not the whole report
+
+
+def test_the_note_changes_neither_the_exception_type_nor_its_message(tmp_path):
+    compare = SCRIPT.replace("with ja.capture() as trace:", "def block():") + textwrap.dedent("""
+        import json
+        def outcome(captured):
+            global x, w1, w2
+            x = torch.tensor([[1.0, 2.0]])
+            w1 = torch.tensor([[2.0], [1.0]], requires_grad=True)
+            w2 = torch.tensor([3.0], requires_grad=True)
+            try:
+                if captured:
+                    with ja.capture():
+                        block()
+                else:
+                    block()
+            except Exception as e:
+                return [type(e).__name__, str(e), getattr(e, "__notes__", [])]
+        print(json.dumps([outcome(False), outcome(True)]))
+        """)
+    proc = run_script(tmp_path, compare)
+    assert proc.returncode == 0, proc.stderr
+    plain, captured = json.loads(proc.stdout)
+    assert captured[:2] == plain[:2] and plain[2] == []
+    assert len(captured[2]) == (1 if HAS_NOTES else 0)
+
+
+RAISING = [p for p in FILES if "raises" in runner.load(str(p)).outcome]
+
+
+@pytest.mark.parametrize("path", RAISING, ids=[p.parent.name + "/" + p.name for p in RAISING])
+def test_every_scenario_that_raises_gets_the_note_of_its_diagnosis(path):
+    """Over all corpora: where the expected diagnosis is found, its exception carries it."""
+    sc = runner.load(str(path))
+    exc, _, trace = runner.execute(sc.source, sc.path, captured=True)
+    assert exc is not None and trace.error.startswith(exc[0])
+    found = [d for d in trace.diagnoses if d.kind == sc.kind and d.line == sc.culprit]
+    note = exception_note(trace)
+    if found:  # kinds not diagnosed yet have no note to give
+        assert note and note.startswith("jupyter-autograd: " + found[0].title), note
+        assert "culprit: %s, line %d: " % (path.name, sc.culprit) in note or \
+            "culprit and saved: %s, line %d: " % (path.name, sc.culprit) in note, note
+
+
+def test_no_note_on_an_exception_that_no_diagnosis_explains():
+    a = torch.ones(3, requires_grad=True)
+    try:
+        with ja.capture() as trace:
+            y = a.exp()
+            y += 1  # a problem, but the block fails for another reason before backward
+            raise ValueError("bad batch")
+    except ValueError as e:
+        assert not getattr(e, "__notes__", None)
+    assert trace.diagnoses and exception_note(trace) is None
+
+
+def test_no_note_without_an_exception():
+    with ja.capture() as trace:
+        (torch.ones(2, requires_grad=True) * 2).sum().backward()
+    assert exception_note(trace) is None
+
+
+def test_a_block_that_stops_before_any_tensor_op_says_so():
+    try:
+        with ja.capture() as trace:
+            undefined_name.sum()  # noqa: F821
+    except NameError:
+        pass
+    report = trace.report()
+    assert report.startswith("jupyter-autograd: the block stopped before any tensor operation ran "
+                             "(NameError: name 'undefined_name' is not defined)")
+    assert "no problems found" not in report and "0 operations" not in report
+
+
+def test_a_one_line_cell_shows_its_line_once(tmp_path):
+    line = "a = torch.ones(3, requires_grad=True); y = a.exp(); y += 1; y.sum().backward()"
+    proc = run_script(tmp_path, "import torch\nimport jupyter_autograd as ja\ntry:\n    with ja.capture() as t:\n"
+                      "        " + line + "\nexcept RuntimeError:\n    print(t.report())\n")
+    assert proc.returncode == 0, proc.stderr
+    report = proc.stdout
+    assert "[saved-tensor-modified]" in report and "culprit and saved: line 5: " + line in report
+    assert report.count("y = a.exp()") == 1, report
+
+
+def test_code_in_a_fix_is_printed_as_code_not_wrapped():
+    a = torch.ones(3, requires_grad=True)
+    try:
+        with ja.capture() as trace:
+            very_long_variable_name_for_the_activation = a.exp()
+            very_long_variable_name_for_the_activation += 1
+            very_long_variable_name_for_the_activation.sum().backward()
+    except RuntimeError:
+        pass
+    report = trace.report()
+    code = ("very_long_variable_name_for_the_activation = very_long_variable_name_for_the_activation + 1")
+    assert "\n         %s\n" % code in report, report
+
+
+# -- the README's examples are what the code prints ----------------------------------------------
+
+README = (ROOT / "README.md").read_text()
+
+
+def _readme_block(after):
+    """The first fenced block after the given text, as lines."""
+    rest = README[README.index(after) + len(after):]
+    start = rest.index("```")
+    body = rest[rest.index("\n", start) + 1:]
+    return body[:body.index("```")].rstrip("\n").splitlines()
+
+
+def _shown_in(sample, printed):
+    """Every line of the sample is a line printed (a line ending in "..." starts one)."""
+    real = [line.rstrip() for line in printed.splitlines()]
+    for line in sample:
+        if line.endswith("..."):
+            assert any(r.startswith(line[:-3].rstrip()) for r in real), "README line not printed:\n" + line
+        else:
+            assert line.rstrip() in real, "README line not printed:\n%s\n\nprinted:\n%s" % (line, printed)
+
+
+def test_readme_sample_report_is_what_its_example_cell_prints(shell):
+    from IPython.utils.capture import capture_output
+
+    cell = "\n".join(_readme_block("## In Jupyter\n\n```python\n%load_ext jupyter_autograd\n```"))
+    assert cell.startswith("%%autograd\nimport torch\n"), cell
+    with capture_output() as cap:
+        shell.run_cell(cell.replace("%%autograd", "%%autograd --text", 1))
+    printed = "\n".join([cap.stdout] + [o.data.get("text/plain", "") for o in cap.outputs])
+    _shown_in(_readme_block("jupyter-autograd says, in plain words"), printed)
+
+
+def test_readme_sample_note_is_what_a_script_prints(tmp_path):
+    proc = run_script(tmp_path, SCRIPT)
+    sample = _readme_block("a script that dies in `backward()` says which")
+    if HAS_NOTES:
+        _shown_in(sample, proc.stderr)
