@@ -11,7 +11,7 @@ import ast
 import re
 from typing import Dict, List, Optional, Set
 
-from ..fixes import line_ref, where
+from ..fixes import NO_ONE_LINE_FIX, REPLACE, code, line_ref, where
 from ..model import Checkpoint, Diagnosis, OpRecord, Trace
 from .paths import ancestors, descendants, engine_order, exit_before, first_use, is_cut, node_at
 
@@ -88,20 +88,20 @@ def graph_freed(trace: Trace) -> List[Diagnosis]:
                    "tensors were freed)." % (what, "PyTorch raised" if failed else "PyTorch will raise",
                                              line_ref(backward), trace.nodes[first].name))
         if root_run is not None:
-            fix = ("Compute the forward pass again before the second backward. Only if both backward passes "
-                   "really need the same graph, pass `retain_graph=True` to the first one:\n"
-                   "    %s\n"
+            retained = _with_retain(trace.ops[earlier].location.source if trace.ops[earlier].location else "")
+            fix = ("%s compute the forward pass again before the second backward. Only if both backward passes "
+                   "really need the same graph, pass `retain_graph=True` to the first one%s "
                    "That keeps every buffer of the graph alive until the last backward (memory)."
-                   % _with_retain(trace.ops[earlier].location.source if trace.ops[earlier].location else ""))
-        else:
-            fix = ("Detach the carried state at the start of each iteration (truncated backpropagation "
-                   "through time), so each backward runs only its own iteration's graph:\n"
-                   "    %s = %s.detach()\n"
+                   % (NO_ONE_LINE_FIX, ":\n" + code(retained) + "\n" if retained else "."))
+        elif name and name.isidentifier():
+            fix = ("%s detach the carried state at the start of each iteration (truncated backpropagation "
+                   "through time), so each backward runs only its own iteration's graph:\n%s\n"
                    "Do not add `retain_graph=True` for this: it keeps every earlier iteration's graph alive and "
                    "each backward runs through all of them again (memory and time grow every step)."
-                   % (name, name) if name and name.isidentifier() else
-                   "Detach the carried tensor (`.detach()`) before reusing it in the next iteration, or compute "
-                   "it again; `retain_graph=True` would keep every earlier graph alive.")
+                   % (NO_ONE_LINE_FIX, code("%s = %s.detach()" % (name, name))))
+        else:
+            fix = ("%s detach the carried tensor (`.detach()`) before reusing it in the next iteration, or "
+                   "compute it again; `retain_graph=True` would keep every earlier graph alive." % NO_ONE_LINE_FIX)
         diag = _with_saved(_diag("graph-freed", culprit, message, fix, tensor=name, tids=(carried,)),
                            trace.ops[earlier])
         diag.node_key, diag.node, diag.predicted = first, trace.nodes[first].name, True
@@ -139,9 +139,9 @@ def _link_into_freed(trace: Trace, order: List[int], first: int, freed_by):
 
 
 def _with_retain(source: str) -> str:
-    if ".backward(" in source and "retain_graph" not in source:
-        return source.replace(".backward()", ".backward(retain_graph=True)")
-    return "loss.backward(retain_graph=True)"
+    if source.endswith(".backward()") and "retain_graph" not in source:
+        return source[:-len(".backward()")] + ".backward(retain_graph=True)"
+    return ""
 
 
 # -- graph-cut ------------------------------------------------------------------------------------
@@ -225,19 +225,19 @@ def _cut_fix(trace: Trace, op: Optional[OpRecord], why: str) -> str:
     src = op.location.source if op is not None and op.location else ""
     short = op.name.rpartition(".")[2] if op is not None else ""
     if "frozen" in why:
-        return ("Unfreeze the parameters you want to train (`p.requires_grad_(True)` for each), or compute the "
-                "loss from a model that has trainable parameters.")
+        return ("%s unfreeze the parameters you want to train (`requires_grad_(True)` on each), or compute the "
+                "loss from a model that has trainable parameters." % NO_ONE_LINE_FIX)
     if op is not None and not op.grad_enabled:
-        return "Compute the loss outside `torch.no_grad()` / `torch.inference_mode()`, which record no graph."
+        return ("%s compute the loss outside `torch.no_grad()` and `torch.inference_mode()`, which record no "
+                "graph (a helper written for evaluation needs a training twin)." % NO_ONE_LINE_FIX)
     rewritten = _without_exit(src) if short in ("item", "tolist", "numpy", "__float__") else None
     if rewritten:
-        return "Keep the loss a tensor (no `.item()`/`.numpy()` round trip):\n    %s" % rewritten
-    if short in ("detach", "data") and src:
-        fixed = src.replace(".detach()", "").replace(".data", "")
-        if fixed != src:
-            return "Do not detach on the way to the loss:\n    %s" % fixed
-    return ("Compute the loss with differentiable torch operations from the model's output; do not go "
-            "through `.item()`, `.numpy()`, `.detach()`, `.data`, argmax or integer casts on the way.")
+        return "Keep the loss a tensor, with no round trip through Python numbers. %s\n%s" % (REPLACE, code(rewritten))
+    if short == "detach" and src.count(".detach()") == 1 and ".numpy()" not in src:
+        return "Keep the chain to the loss. %s\n%s" % (REPLACE, code(src.replace(".detach()", "")))
+    return ("%s compute the loss with differentiable torch operations from the model's output (`torch.clamp` "
+            "rather than NumPy's clip, for example); do not go through `.item()`, `.numpy()`, `.detach()`, argmax "
+            "or integer casts on the way." % NO_ONE_LINE_FIX)
 
 
 def _without_exit(src: str) -> Optional[str]:
@@ -324,7 +324,7 @@ def _leaf_after_move_fix(src: str, name: str) -> str:
         return fallback
     stmt.value = ast.Call(func=ast.Attribute(value=stmt.value, attr="requires_grad_", ctx=ast.Load()),
                           args=[], keywords=[])
-    return "Set requires_grad after the move, so `%s` is the leaf:\n    %s" % (name, ast.unparse(stmt))
+    return "Set requires_grad after the move, so `%s` is the leaf. %s\n%s" % (name, REPLACE, code(ast.unparse(stmt)))
 
 
 def _unused_inputs(trace: Trace) -> List[Diagnosis]:
@@ -353,8 +353,8 @@ def _unused_inputs(trace: Trace) -> List[Diagnosis]:
                 message = ("`%s` (input %s of `torch.autograd.grad`) is off the path to the outputs: %s cut it off "
                            "(%s). PyTorch raised naming only its index." % (
                                name, index, where(cut), why))
-            fix = ("Compute the outputs from `%s` without cutting the chain, or drop it from the inputs (or pass "
-                   "`allow_unused=True` and expect None for it)." % name)
+            fix = ("%s compute the outputs from `%s` without cutting the chain, or drop it from the inputs (or "
+                   "pass allow_unused=True to `torch.autograd.grad` and expect None for it)." % (NO_ONE_LINE_FIX, name))
             out.append(_diag("missing-grad", cut, message, fix, tensor=name, tids=(tid,)))
     return out
 
@@ -423,9 +423,9 @@ def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis
                    "the loss (%s). Its `.grad` stays None and the optimizer skips it, silently." % (
                        name, "is held by an optimizer" if info.optimized else "belongs to `%s`, whose other "
                        "parameters get gradients" % info.owner, where(cut), why))
-        fix = ("Keep the forward differentiable from `%s` to the loss: use the tensor itself instead of "
-               "`.detach()`/`.data`, and torch operations instead of a NumPy round trip. If it should not be "
-               "trained, freeze it on purpose with `%s.requires_grad_(False)`." % (name, name))
+        fix = ("%s keep the forward differentiable from `%s` to the loss at that line: use the tensor itself "
+               "instead of `.detach()` or `.data`, and torch operations instead of a NumPy round trip. If it should "
+               "not be trained, freeze it on purpose (`requires_grad_(False)`)." % (NO_ONE_LINE_FIX, name))
         out.append(_diag("missing-grad", cut, message, fix, tensor=name, tids=(info.tid,)))
     out = _one_per_cut(out)
     if unused:
@@ -472,16 +472,16 @@ def nan_gradient(trace: Trace) -> List[Diagnosis]:
     names = [t.name or trace.tensor_label(t.tid) for t in bad]
     message = ("After %s, the gradient of %s holds NaN or Inf values. An optimizer step with it turns the weights "
                "into NaN." % (line_ref(backward), _listing(names)))
-    fix = ("Run the block with `capture(check_nan=True)` (`%%autograd --nan` in a notebook) to find the forward "
-           "line whose backward made the first NaN/Inf and the input values that caused it; it costs less than "
-           "`torch.autograd.detect_anomaly(check_nan=True)`.")
+    fix = ("%s run the block with capture(check_nan=True) (`%%%%autograd --nan` in a notebook) to find the "
+           "forward line whose backward made the first NaN/Inf and the input values that caused it; it costs less "
+           "than `torch.autograd.detect_anomaly()` with check_nan." % NO_ONE_LINE_FIX)
     return [_diag("nan-gradient", backward, message, fix, tensor=names[0], tids=tuple(t.tid for t in bad))]
 
 
 _CAUSES = {
     "Sqrt": ("result", "zeros", "the square root of 0 at {n} of {total} positions: its derivative 1/(2*sqrt(x)) is "
-             "infinite there", "add a small epsilon inside the root: `torch.sqrt(x + 1e-12)` or "
-             "`x.clamp_min(1e-12).sqrt()`"),
+             "infinite there", "add a small epsilon inside the root (`torch.sqrt(x + 1e-12)`, or "
+             "`x.clamp_min(1e-12).sqrt()`)"),
     "Rsqrt": ("self", "zeros", "rsqrt of 0 at {n} of {total} positions", "clamp the input: `x.clamp_min(1e-12).rsqrt()`"),
     "Log": ("self", "zeros", "the log of 0 at {n} of {total} positions: its derivative 1/x is infinite there",
             "clamp the input: `torch.log(x.clamp_min(1e-12))`, or use `torch.log_softmax` / `torch.log1p`"),
@@ -516,14 +516,15 @@ def _nan_at_node(trace: Trace, origin: Dict) -> Diagnosis:
             what, fix = text.format(n=saved[stat], total=saved["numel"]), remedy
     if what is None:
         what = "%s turned finite incoming gradients into NaN/Inf" % node_name
-        fix = "Keep the inputs of this operation away from the points where its derivative is infinite or undefined."
+        fix = "keep the inputs of this operation away from the points where its derivative is infinite or undefined"
     parents = [n for n in trace.nodes.values() if key in n.inputs]
     if any(p.name.startswith("WhereBackward") for p in parents):
         what += ("; `torch.where` chose the other branch at those positions, but the unused branch still gets "
                  "gradient 0, and 0 * inf = NaN")
-        fix = ("Make the unused branch safe before computing it (the double-where trick):\n"
-               "    safe = torch.where(mask, x, torch.ones_like(x))\n"
-               "    y = torch.where(mask, safe.sqrt(), torch.zeros_like(x))")
+        fix = ("make the unused branch's input safe before computing it (the double-where trick): first "
+               "`safe = torch.where(mask, x, torch.ones_like(x))`, then `torch.where(mask, safe.sqrt(), 0)`, "
+               "with your own mask and input")
+    fix = "%s %s." % (NO_ONE_LINE_FIX, fix)
     message = ("The forward pass was finite, but backward%s made NaN/Inf first in %s, the gradient of %s%s: %s."
                % (" on %s" % line_ref(backward) if backward is not None else "", node_name,
                   where(op) if op is not None else "an operation", " (`%s`)" % name if name else "", what))
