@@ -1,7 +1,9 @@
 """Recording a block of PyTorch code. The only part of the package that touches torch internals."""
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import warnings
 from typing import Iterable, Optional
 
@@ -22,6 +24,7 @@ class capture:
     The block runs exactly as without the capture: same results, same exceptions, same
     gradients. `trace` is filled in when the block ends, also when it raised. Only the
     thread that entered the block is recorded (PyTorch's function modes are per thread).
+    A capture inside another one gets the ops of its own block; the outer one keeps all.
 
     namespace: dicts in which to look up the user's variable names (default: the globals of
     the code that entered the block and of every frame seen, and its locals at module level).
@@ -44,50 +47,189 @@ class capture:
                                           and all(isinstance(ns, dict) for ns in namespace)):
             raise TypeError("capture(namespace=...) takes a dict or a list of dicts of variable names, "
                             "for example capture(namespace=globals()); got %r" % (type(namespace).__name__,))
+        for ns in namespace or ():
+            key = next((k for k in ns if not isinstance(k, str)), None)
+            if key is not None:
+                raise TypeError("capture(namespace=...) maps variable names to values, so its keys must be "
+                                "str; got the key %r" % (key,))
         self._namespace = None if namespace is None else list(namespace)
         self._recorder = None
         self._outer = None
+        self._start = 0            # for a nested capture: the outer recorder's op count at entry
+        self._installed = False    # our mode, hooks and thread state are in place
+        self._thread = None
+        self._not_started = None   # why recording could not start, if it could not
         self.trace = Trace()
 
     def __enter__(self) -> Trace:
-        from .recorder import Recorder, frame_names, install_function_hook
+        __tracebackhide__ = True  # noqa: F841
+        from .recorder import frame_names
 
         if self._namespace is None:
             frame = sys._getframe(1)
             self._namespace = [frame_names(frame), frame.f_globals]
-        self._outer = getattr(_state, "recorder", None)
-        if self._outer is not None:
-            # Entering a second mode would record everything twice: share the outer recorder.
-            self._recorder = self._outer
-            return self.trace
-        self._recorder = Recorder(check_nan=self._check_nan)
-        self._recorder.__enter__()
-        _state.recorder = self._recorder
-        install_function_hook()
+        try:
+            with _InterruptsHeld():
+                self._start_recording()
+        except BaseException:  # an interrupt held while installing lands here: leave nothing behind
+            with _InterruptsHeld():
+                self._stop_recording()
+            raise
         return self.trace
 
-    def __exit__(self, exc_type, exc, tb):
-        from .recorder import remove_function_hook
+    def _start_recording(self):
+        from .recorder import Recorder, install_hooks, remove_hooks
 
-        recorder = self._recorder
+        outer = getattr(_state, "recorder", None)
+        if outer is not None:
+            # Entering a second mode would record everything twice: the outer recorder records
+            # for both, and this block's part of it is cut out at the end.
+            self._recorder = self._outer = outer
+            self._start = len(outer.ops)
+            return
+        recorder = Recorder(check_nan=self._check_nan)
+        self._thread = threading.get_ident()
         try:
-            if self._outer is None:
-                _state.recorder = None
-                remove_function_hook()
-                recorder.__exit__(None, None, None)
-            previous_off, recorder.off = recorder.off, "building the trace"
+            install_hooks()
             try:
-                self.trace._defer(finish(recorder, self._namespace, exc))
-            finally:
-                recorder.off = previous_off
+                recorder.__enter__()
+            except BaseException:
+                _quietly(remove_hooks)
+                raise
+        except Exception as exc:  # the block must run as without us: it runs unrecorded
+            self._not_started = "jupyter_autograd could not start recording (%s: %s); the block ran unrecorded" % (
+                type(exc).__name__, exc)
+            warn(self._not_started)
+            return
+        self._recorder = recorder
+        _state.recorder = recorder
+        self._installed = True
+
+    def _stop_recording(self):
+        """Remove the mode, the hooks and the thread's recorder; every step is tried, the first
+        failure is raised after all of them."""
+        if not self._installed:
+            return
+        from .recorder import _put_back_warnings, _SHOW_ALL, remove_hooks
+        import warnings as warnings_module
+
+        self._installed = False
+        failure = None
+        recorder = self._recorder
+        if getattr(_state, "recorder", None) is recorder:
+            _state.recorder = None
+        for step in (lambda: _pop_mode(recorder), remove_hooks):
+            try:
+                step()
+            except BaseException as exc:
+                failure = failure or exc
+        if warnings_module.filters is _SHOW_ALL:  # only if a call was cut off mid-way
+            _put_back_warnings()
+        if failure is not None:
+            raise failure
+
+    def close(self) -> None:
+        """Remove what the capture installed, if its block was left without `__exit__` running
+        (an interrupt on the very first instruction of `__exit__`, before any of its code ran).
+        Harmless otherwise; the capture's object also does it when it is freed."""
+        if self._installed and self._thread == threading.get_ident():
+            with _InterruptsHeld():
+                self._stop_recording()
+
+    def __del__(self):
+        try:
+            self.close()
+        except BaseException:
+            pass
+
+    def __exit__(self, exc_type, exc, tb):
+        __tracebackhide__ = True  # noqa: F841
+        recorder, outer = self._recorder, self._outer
+        try:
+            try:
+                with _InterruptsHeld():
+                    self._stop_recording()
+            except Exception as internal:
+                message = "jupyter_autograd could not remove all its hooks (%s: %s)" % (type(internal).__name__, internal)
+                self.trace.warnings.append(message)
+                warn(message)
+            if self._not_started is not None:
+                self.trace.warnings.append(self._not_started)
+            elif recorder is not None:
+                part = recorder if outer is None else recorder.since(self._start)
+                previous_off, recorder.off = recorder.off, "building the trace"
+                try:
+                    self.trace._defer(finish(part, self._namespace, exc))
+                finally:
+                    recorder.off = previous_off
         except Exception as internal:  # the user's result matters more than our report
             message = "jupyter_autograd could not analyse this block (%s: %s)" % (type(internal).__name__, internal)
             self.trace.warnings.append(message)
             warn(message)
+        except BaseException:  # an interrupt while the trace was taken: the block is not analysed
+            self.trace.warnings.append("interrupted while the capture ended: this block was not analysed")
+            raise
         finally:
             self._recorder = self._outer = self._namespace = None
         if exc is not None:
             _hide_own_frames(exc)
+        return False
+
+
+def _quietly(step):
+    try:
+        step()
+    except BaseException:
+        pass
+
+
+def _pop_mode(recorder):
+    """Take our mode off this thread's stack, also when the user left a mode of theirs above it."""
+    import torch
+
+    above = []
+    try:
+        while torch._C._len_torch_function_stack() > 0:
+            mode = torch._C._pop_torch_function_stack()
+            if mode is recorder:
+                break
+            above.append(mode)
+    finally:
+        for mode in reversed(above):
+            torch._C._push_on_torch_function_stack(mode)
+
+
+class _InterruptsHeld:
+    """SIGINT is held while the capture installs or removes what it needs, and delivered right
+    after, so that an interrupt never leaves half of it in place. Only the main thread receives
+    signals; elsewhere, and where the handler was set from C (it could not be put back), this
+    does nothing."""
+
+    def __enter__(self):
+        self.previous = self.pending = None
+        try:
+            previous = signal.getsignal(signal.SIGINT)
+            if previous is not None:
+                signal.signal(signal.SIGINT, self._hold)
+                self.previous = previous
+        except (ValueError, OSError, AttributeError):
+            pass
+        return self
+
+    def _hold(self, signum, frame):
+        self.pending = signum
+
+    def __exit__(self, exc_type, exc, tb):
+        previous, self.previous = self.previous, None
+        if previous is None:
+            return False
+        signal.signal(signal.SIGINT, previous)
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            if callable(previous):
+                previous(pending, sys._getframe(1))
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
         return False
 
 
@@ -101,44 +243,62 @@ def warn(message: str) -> None:
 
 
 def _hide_own_frames(exc: BaseException) -> None:
-    """Unlink the recorder's frame from the user's traceback, so it reads as without us."""
-    from .recorder import Recorder
+    """Unlink our frames from the user's traceback (and from the exceptions it chains), with
+    the torch dispatch frames that led into them, so that it reads as without us."""
+    from .recorder import _without_dispatch
 
-    own = {Recorder.__torch_function__.__code__, Recorder._backward_call.__code__}
-    tb, prev = exc.__traceback__, None
-    while tb is not None:
-        if tb.tb_frame.f_code in own:
-            if prev is None:
-                exc.__traceback__ = tb.tb_next
-            else:
-                prev.tb_next = tb.tb_next
-        else:
-            prev = tb
-        tb = tb.tb_next
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        entries = []
+        tb = exc.__traceback__
+        while tb is not None:
+            entries.append(tb)
+            tb = tb.tb_next
+        keep = _without_dispatch(entries, [e.tb_frame.f_code.co_filename for e in entries])
+        if len(keep) != len(entries):
+            for a, b in zip(keep, keep[1:]):
+                a.tb_next = b
+            if keep:
+                keep[-1].tb_next = None
+            exc.__traceback__ = keep[0] if keep else None
+        exc = exc.__cause__ or exc.__context__
 
 
 def finish(recorder, namespaces, exc=None):
     """Take, now, what needs the user's live objects; return a function that builds the Trace.
 
     The build (records to plain data, the graph model, the diagnoses) runs when the trace is
-    first read: a training loop under capture() pays for it only if it looks."""
+    first read: a training loop under capture() pays for it only if it looks. Our reads of the
+    user's tensors are hidden from their `__torch_function__` subclasses, now and at the build."""
+    import torch
+
     from ..diagnose import diagnose
     from .build import build_trace, end_checkpoint, freeze
     from .graph import DEEP_GRAPH, STACK_RAISED
 
-    try:
-        end_checkpoint(recorder)
-    except Exception as internal:
-        recorder.failure = recorder.failure or "inspecting the graph at the end: %s: %s" % (
-            type(internal).__name__, internal)
-    live, names = freeze(recorder, namespaces or [])
+    with torch._C.DisableTorchFunctionSubclass():
+        try:
+            end_checkpoint(recorder)
+        except Exception as internal:
+            recorder.failure = recorder.failure or "inspecting the graph at the end: %s: %s" % (
+                type(internal).__name__, internal)
+        live, names = freeze(recorder, namespaces or [])
     error = None if exc is None else "%s: %s" % (type(exc).__name__, exc)
 
     def build() -> Trace:
         try:
-            trace = build_trace(recorder, live, names, error)
+            with torch._C.DisableTorchFunctionSubclass():
+                trace = build_trace(recorder, live, names, error)
             if recorder.failure:
                 trace.warnings.append("recording stopped early after an internal error: " + recorder.failure)
+            if recorder.too_deep:
+                trace.warnings.append("%d calls ran too close to the recursion limit to be recorded"
+                                      % recorder.too_deep)
+            if recorder.folded:
+                trace.notes.append("To keep memory bounded, the details of %d ops were folded: ops that wrote "
+                                   "nothing, made no autograd node and whose results were gone; they keep "
+                                   "their name and line, not their tensors." % recorder.folded)
             if STACK_RAISED[0] and len(trace.nodes) > DEEP_GRAPH:
                 trace.notes.append("This graph is deep: to keep PyTorch from crashing when it frees it, the "
                                    "process's stack limit was raised from %d to %d bytes." % STACK_RAISED[0])
