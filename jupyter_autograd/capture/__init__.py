@@ -1,10 +1,11 @@
 """Recording a block of PyTorch code. The only part of the package that touches torch internals."""
 from __future__ import annotations
 
-import signal
+import _signal
 import sys
 import threading
 import warnings
+import weakref
 from typing import Iterable, Optional
 
 from ..model import Trace
@@ -59,6 +60,8 @@ class capture:
         self._installed = False    # our mode, hooks and thread state are in place
         self._thread = None
         self._not_started = None   # why recording could not start, if it could not
+        self._recursion_limit = None  # the user's limit, while ours (RECURSION_HEADROOM more) is set
+        self._finalizer = None
         self.trace = Trace()
 
     def __enter__(self) -> Trace:
@@ -72,8 +75,14 @@ class capture:
             with _InterruptsHeld():
                 self._start_recording()
         except BaseException:  # an interrupt held while installing lands here: leave nothing behind
-            with _InterruptsHeld():
-                self._stop_recording()
+            while self._installed:
+                try:
+                    with _InterruptsHeld():
+                        self._stop_recording()
+                except Exception:
+                    break
+                except BaseException:  # before the interrupts were held: once more
+                    continue
             raise
         return self.trace
 
@@ -104,62 +113,64 @@ class capture:
         self._recorder = recorder
         _state.recorder = recorder
         self._installed = True
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(limit + RECURSION_HEADROOM)
+        self._recursion_limit = limit
+        # The safety net for an interrupt on __exit__'s first instruction: when this object is
+        # freed (as the interrupt unwinds the with statement), remove what is still installed.
+        # A finalizer, not __del__: it is detached on every normal exit, so no interrupt can
+        # land in it and be lost.
+        self._finalizer = weakref.finalize(self, _release_left_behind, recorder, self._thread, limit)
 
     def _stop_recording(self):
         """Remove the mode, the hooks and the thread's recorder; every step is tried, the first
         failure is raised after all of them."""
         if not self._installed:
             return
-        from .recorder import _put_back_warnings, _SHOW_ALL, remove_hooks
-        import warnings as warnings_module
-
         self._installed = False
-        failure = None
-        recorder = self._recorder
-        if getattr(_state, "recorder", None) is recorder:
-            _state.recorder = None
-        for step in (lambda: _pop_mode(recorder), remove_hooks):
-            try:
-                step()
-            except BaseException as exc:
-                failure = failure or exc
-        if warnings_module.filters is _SHOW_ALL:  # only if a call was cut off mid-way
-            _put_back_warnings()
-        if failure is not None:
-            raise failure
+        finalizer, self._finalizer = self._finalizer, None
+        if finalizer is not None:
+            finalizer.detach()
+        limit, self._recursion_limit = self._recursion_limit, None
+        _release(self._recorder, limit)
+
 
     def close(self) -> None:
         """Remove what the capture installed, if its block was left without `__exit__` running
         (an interrupt on the very first instruction of `__exit__`, before any of its code ran).
-        Harmless otherwise; the capture's object also does it when it is freed."""
+        Harmless otherwise; it also happens when the capture object is freed."""
         if self._installed and self._thread == threading.get_ident():
             with _InterruptsHeld():
                 self._stop_recording()
 
-    def __del__(self):
-        try:
-            self.close()
-        except BaseException:
-            pass
-
     def __exit__(self, exc_type, exc, tb):
         __tracebackhide__ = True  # noqa: F841
         recorder, outer = self._recorder, self._outer
-        try:
+        ended = []  # our own problems in ending the block, for the trace's warnings
+        interrupted = None
+        # Written out here, not in a helper: an interrupt can land on the first instruction of
+        # any function we call, before it could hold interrupts. Then the removal runs again.
+        while self._installed:
             try:
                 with _InterruptsHeld():
                     self._stop_recording()
             except Exception as internal:
-                message = "jupyter_autograd could not remove all its hooks (%s: %s)" % (type(internal).__name__, internal)
-                self.trace.warnings.append(message)
+                ended.append("jupyter_autograd could not remove all its hooks (%s: %s)" % (
+                    type(internal).__name__, internal))
+            except BaseException as interrupt:
+                interrupted = interrupt
+        try:
+            if interrupted is not None:
+                raise interrupted
+            for message in ended:
                 warn(message)
             if self._not_started is not None:
-                self.trace.warnings.append(self._not_started)
+                self.trace.warnings.extend([self._not_started] + ended)
             elif recorder is not None:
                 part = recorder if outer is None else recorder.since(self._start)
                 previous_off, recorder.off = recorder.off, "building the trace"
                 try:
-                    self.trace._defer(finish(part, self._namespace, exc))
+                    self.trace._defer(finish(part, self._namespace, exc, ended))
                 finally:
                     recorder.off = previous_off
         except Exception as internal:  # the user's result matters more than our report
@@ -167,13 +178,51 @@ class capture:
             self.trace.warnings.append(message)
             warn(message)
         except BaseException:  # an interrupt while the trace was taken: the block is not analysed
-            self.trace.warnings.append("interrupted while the capture ended: this block was not analysed")
+            if "_pending" not in self.trace.__dict__:
+                self.trace.__dict__.update(
+                    Trace(warnings=["interrupted while the capture ended: this block was not analysed"]).__dict__)
             raise
         finally:
             self._recorder = self._outer = self._namespace = None
         if exc is not None:
             _hide_own_frames(exc)
         return False
+
+
+def _release(recorder, recursion_limit):
+    """Remove the mode, the hooks and the thread's recorder; every step is tried, the first
+    failure is raised after all of them."""
+    from .recorder import _put_back_warnings, _show_at_user_line, _SHOW_ALL, remove_hooks
+
+    failure = None
+    if getattr(_state, "recorder", None) is recorder:
+        _state.recorder = None
+    for step in (lambda: _pop_mode(recorder), remove_hooks):
+        try:
+            step()
+        except BaseException as exc:
+            failure = failure or exc
+    if warnings.filters is _SHOW_ALL or warnings._showwarnmsg is _show_at_user_line:  # a call cut off mid-way
+        _put_back_warnings()
+    if recursion_limit is not None and sys.getrecursionlimit() == recursion_limit + RECURSION_HEADROOM:
+        try:
+            sys.setrecursionlimit(recursion_limit)  # unless the block set a limit of its own
+        except RecursionError:  # deeper than the user's limit right now: theirs is set when it fits
+            pass
+    if failure is not None:
+        raise failure
+
+
+def _release_left_behind(recorder, thread, recursion_limit):
+    if thread == threading.get_ident():  # the mode stack is per thread
+        with _InterruptsHeld():
+            _release(recorder, recursion_limit)
+
+# Our frames between a call and the user's: __torch_function__, entered from C (which counts
+# twice), and for torch functions written in Python, handle_torch_function and the repeated call.
+# A call that works plain at the recursion limit must work under capture; our own bookkeeping
+# beyond that, when it does not fit, is skipped (see Recorder.too_deep).
+RECURSION_HEADROOM = 4
 
 
 def _quietly(step):
@@ -205,12 +254,13 @@ class _InterruptsHeld:
     signals; elsewhere, and where the handler was set from C (it could not be put back), this
     does nothing."""
 
+    # The C functions of _signal, not signal's Python wrappers: fewer places to be interrupted.
     def __enter__(self):
         self.previous = self.pending = None
         try:
-            previous = signal.getsignal(signal.SIGINT)
+            previous = _signal.getsignal(_signal.SIGINT)
             if previous is not None:
-                signal.signal(signal.SIGINT, self._hold)
+                _signal.signal(_signal.SIGINT, self._hold)
                 self.previous = previous
         except (ValueError, OSError, AttributeError):
             pass
@@ -223,13 +273,13 @@ class _InterruptsHeld:
         previous, self.previous = self.previous, None
         if previous is None:
             return False
-        signal.signal(signal.SIGINT, previous)
+        _signal.signal(_signal.SIGINT, previous)
         pending, self.pending = self.pending, None
         if pending is not None:
             if callable(previous):
                 previous(pending, sys._getframe(1))
-            elif previous == signal.SIG_DFL:
-                signal.raise_signal(signal.SIGINT)
+            elif previous == _signal.SIG_DFL:
+                _signal.raise_signal(_signal.SIGINT)
         return False
 
 
@@ -255,7 +305,7 @@ def _hide_own_frames(exc: BaseException) -> None:
         while tb is not None:
             entries.append(tb)
             tb = tb.tb_next
-        keep = _without_dispatch(entries, [e.tb_frame.f_code.co_filename for e in entries])
+        keep = _without_dispatch(entries, [e.tb_frame.f_code for e in entries])
         if len(keep) != len(entries):
             for a, b in zip(keep, keep[1:]):
                 a.tb_next = b
@@ -265,7 +315,7 @@ def _hide_own_frames(exc: BaseException) -> None:
         exc = exc.__cause__ or exc.__context__
 
 
-def finish(recorder, namespaces, exc=None):
+def finish(recorder, namespaces, exc=None, tool_warnings=()):
     """Take, now, what needs the user's live objects; return a function that builds the Trace.
 
     The build (records to plain data, the graph model, the diagnoses) runs when the trace is
@@ -290,6 +340,7 @@ def finish(recorder, namespaces, exc=None):
         try:
             with torch._C.DisableTorchFunctionSubclass():
                 trace = build_trace(recorder, live, names, error)
+            trace.warnings.extend(tool_warnings)
             if recorder.failure:
                 trace.warnings.append("recording stopped early after an internal error: " + recorder.failure)
             if recorder.too_deep:

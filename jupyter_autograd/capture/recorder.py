@@ -135,6 +135,9 @@ def _remove_all_hooks():
             handle.remove()
         except BaseException as exc:
             failure = failure or exc
+            hooks = handle.hooks_dict_ref()  # what remove() does, done by hand
+            if hooks is not None:
+                hooks.pop(handle.id, None)
     if failure is not None:
         raise failure
 
@@ -177,22 +180,28 @@ class Recorder(TorchFunctionMode):
         __tracebackhide__ = True  # noqa: F841  (IPython hides this frame in tracebacks)
         if kwargs is None:
             kwargs = {}
-        if self.off is not None or (type(func) is _GETTER_TYPE and func != _DATA_GETTER) or _is_compiling():
+        if self.off is not None:
             return func(*args, **kwargs)
         w = _warnings
-        if w.filters is _SHOW_ALL:  # a call of ours further up already re-routes warnings
-            relocate = False
-        else:
-            relocate = True
+        relocate = w.filters is not _SHOW_ALL  # else a call of ours further up already re-routes them
+        if relocate:
             _real_warnings[:] = w.filters, w._showwarnmsg
-        if func in _BACKWARD_FUNCS:
-            if not relocate:
-                return self._backward_call(func, args, kwargs)
-            w.filters, w._showwarnmsg = _SHOW_ALL, _show_at_user_line
+        if (type(func) is _GETTER_TYPE and func != _DATA_GETTER) or func in _BACKWARD_FUNCS or _is_compiling():
+            if relocate:
+                w.filters, w._showwarnmsg = _SHOW_ALL, _show_at_user_line
             try:
-                return self._backward_call(func, args, kwargs)
+                if func in _BACKWARD_FUNCS:
+                    return self._backward_call(func, args, kwargs)
+                return func(*args, **kwargs)
+            except BaseException as exc:
+                _drop_leading_own_frames(exc)
+                raise
             finally:
-                _put_back_warnings()
+                if relocate:  # written out: a call would be one more place for an interrupt to land
+                    if w.filters is _SHOW_ALL and len(_SHOW_ALL) == 1 and w._showwarnmsg is _show_at_user_line:
+                        w.filters, w._showwarnmsg = _real_warnings
+                    else:
+                        _put_back_warnings()
         try:
             tensors = _tensors_in(args, kwargs)
             if types:  # a Tensor subclass with its own __torch_function__: it must not see our reads
@@ -218,10 +227,14 @@ class Recorder(TorchFunctionMode):
                 try:
                     result = func(*args, **kwargs)
                 finally:
-                    _put_back_warnings()
+                    if w.filters is _SHOW_ALL and len(_SHOW_ALL) == 1 and w._showwarnmsg is _show_at_user_line:
+                        w.filters, w._showwarnmsg = _real_warnings
+                    else:
+                        _put_back_warnings()
             else:
                 result = func(*args, **kwargs)
         except BaseException as exc:
+            _drop_leading_own_frames(exc)
             try:
                 if types:
                     with _hidden_from_subclasses():
@@ -570,7 +583,7 @@ def _show_at_user_line(message):
                             source=message.source)
             return
         stack.reverse()  # outermost first, as in a traceback
-        keep = _without_dispatch(stack, [f.f_code.co_filename for f in stack])
+        keep = _without_dispatch(stack, [f.f_code for f in stack])
         keep.reverse()
         if at >= len(keep):
             filename, lineno, module, registry = "sys", 1, "sys", sys.__dict__.setdefault("__warningregistry__", {})
@@ -588,17 +601,34 @@ def _show_at_user_line(message):
         w.filters, w._showwarnmsg = inside_filters, inside_show
 
 
-def _without_dispatch(entries, filenames):
-    """The entries (outermost first) of a stack or traceback as they would be without the tool:
-    no frame of ours, and where one of ours was reached through torch's handle_torch_function,
-    neither the overrides.py frames nor the frame that called them (the inner call repeats it)."""
+def _drop_leading_own_frames(exc):
+    """Unlink our frames from the head of an exception's traceback before it leaves our frame,
+    so that a user catching it inside the block does not see them either (the frames that
+    dispatched to us are added further up, as it propagates; capture.__exit__ drops those)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_CAPTURE_DIR):
+        tb = tb.tb_next
+    exc.__traceback__ = tb
+
+
+def _without_dispatch(entries, codes):
+    """The entries (outermost first) of a stack or traceback as they would be without the tool,
+    given the code object of each: no frame of ours, and where torch dispatched to us through
+    handle_torch_function, neither the overrides.py frames nor the frame that called them (the
+    call we made repeats it: the same code follows them, or one of our frames does)."""
+    filenames = [c.co_filename for c in codes]
     drop = [f.startswith(_CAPTURE_DIR) for f in filenames]
-    for i in range(len(entries)):
-        if drop[i] and filenames[i].startswith(_CAPTURE_DIR):
-            j = i - 1
-            while j >= 0 and filenames[j] == _OVERRIDES_FILE and not drop[j]:
+    n = len(entries)
+    i = 0
+    while i < n:
+        if filenames[i] != _OVERRIDES_FILE:
+            i += 1
+            continue
+        k = i
+        while k + 1 < n and filenames[k + 1] == _OVERRIDES_FILE:
+            k += 1
+        if i > 0 and k + 1 < n and (drop[k + 1] or codes[k + 1] is codes[i - 1]):
+            for j in range(i - 1, k + 1):
                 drop[j] = True
-                j -= 1
-            if j < i - 1 and j >= 0:
-                drop[j] = True
+        i = k + 1
     return [e for e, d in zip(entries, drop) if not d]
