@@ -364,11 +364,13 @@ def test_an_interrupt_on_any_line_of_entry_or_exit_leaves_nothing():
     assert delivered >= 1 and target > 30  # it went through every line, and some interrupts got out
 
 
-def test_random_interrupts_around_entry_and_exit_leave_nothing():
-    """SIGINTs at random instants of tiny blocks, so most land in entry or exit."""
+@pytest.mark.parametrize("ops,runs,longest", [(1, 600, 3e-4), (300, 150, 5e-3)], ids=["tiny-blocks", "long-blocks"])
+def test_random_interrupts_leave_nothing(ops, runs, longest):
+    """SIGINTs at random instants: in tiny blocks most land in entry or exit, in long ones
+    anywhere in the recording."""
     before = _global_state()
-    rng = random.Random(0)
-    x = torch.ones(2)
+    rng = random.Random(ops)
+    x = torch.ones(2, requires_grad=True)
     interrupts = 0
 
     def alarm(signum, frame):
@@ -376,11 +378,14 @@ def test_random_interrupts_around_entry_and_exit_leave_nothing():
 
     previous = signal.signal(signal.SIGALRM, alarm)
     try:
-        for _ in range(600):
+        for _ in range(runs):
             try:
-                signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-6, 3e-4))
+                signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-6, longest))
                 with ja.capture():
-                    x + 1
+                    y = x
+                    for _ in range(ops):
+                        y = y * 1.0
+                    y.sum().backward()
                 signal.setitimer(signal.ITIMER_REAL, 0)
             except KeyboardInterrupt:
                 interrupts += 1
@@ -389,7 +394,7 @@ def test_random_interrupts_around_entry_and_exit_leave_nothing():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    assert interrupts > 50
+    assert interrupts > runs // 10
     _check_nothing_left(before)
 
 

@@ -122,7 +122,7 @@ class capture:
         # land in it and be lost.
         self._finalizer = weakref.finalize(self, _release_left_behind, recorder, self._thread, limit)
 
-    def _stop_recording(self):
+    def _stop_recording(self, exc=None):
         """Remove the mode, the hooks and the thread's recorder; every step is tried, the first
         failure is raised after all of them."""
         if not self._installed:
@@ -132,6 +132,8 @@ class capture:
         if finalizer is not None:
             finalizer.detach()
         limit, self._recursion_limit = self._recursion_limit, None
+        if exc is not None:
+            _finish_interrupted_mode_stashes(exc)
         _release(self._recorder, limit)
 
 
@@ -153,7 +155,7 @@ class capture:
         while self._installed:
             try:
                 with _InterruptsHeld():
-                    self._stop_recording()
+                    self._stop_recording(exc)
             except Exception as internal:
                 ended.append("jupyter_autograd could not remove all its hooks (%s: %s)" % (
                     type(internal).__name__, internal))
@@ -195,6 +197,7 @@ def _release(recorder, recursion_limit):
     from .recorder import _put_back_warnings, _show_at_user_line, _SHOW_ALL, remove_hooks
 
     failure = None
+    recorder.off = recorder.off or "the block has ended"  # inert, should anything still call it
     if getattr(_state, "recorder", None) is recorder:
         _state.recorder = None
     for step in (lambda: _pop_mode(recorder), remove_hooks):
@@ -211,6 +214,37 @@ def _release(recorder, recursion_limit):
             pass
     if failure is not None:
         raise failure
+
+
+def _finish_interrupted_mode_stashes(exc):
+    """torch's handle_torch_function takes our mode off the stack for the duration of the call
+    (`with _pop_mode_temporarily()`, a generator). An interrupt landing on that context
+    manager's __exit__ leaves the generator suspended, and it pushes our mode back whenever it
+    is finalized, long after the block. Finish those generators now, while we can pop the mode."""
+    import contextlib
+
+    import torch
+
+    stash = getattr(torch.overrides._pop_mode_temporarily, "__wrapped__", None)
+    exit_code = contextlib._GeneratorContextManager.__exit__.__code__
+    if stash is None:
+        return
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_code is exit_code:
+                manager = frame.f_locals.get("self")
+                gen = getattr(manager, "gen", None)
+                if getattr(gen, "gi_code", None) is stash.__code__ and gen.gi_frame is not None:
+                    try:
+                        gen.close()
+                    except Exception:
+                        pass
+            tb = tb.tb_next
+        exc = exc.__cause__ or exc.__context__
 
 
 def _release_left_behind(recorder, thread, recursion_limit):

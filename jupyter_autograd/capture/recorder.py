@@ -174,6 +174,7 @@ class Recorder(TorchFunctionMode):
         self.too_deep = 0              # calls not recorded: they ran too close to the recursion limit
         self.folded = 0                # ops whose details were dropped (see _fold)
         self.folded_upto = _FOLD_EVERY  # ops before this index have been looked at by _fold
+        self.fold_at = 3 * _FOLD_EVERY  # the next pass: one window at a time, one window behind
 
     # -- hot path -----------------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -182,10 +183,11 @@ class Recorder(TorchFunctionMode):
             kwargs = {}
         if self.off is not None:
             return func(*args, **kwargs)
+        global _real_filters, _real_show
         w = _warnings
         relocate = w.filters is not _SHOW_ALL  # else a call of ours further up already re-routes them
         if relocate:
-            _real_warnings[:] = w.filters, w._showwarnmsg
+            _real_filters, _real_show = w.filters, w._showwarnmsg
         if (type(func) is _GETTER_TYPE and func != _DATA_GETTER) or func in _BACKWARD_FUNCS or _is_compiling():
             if relocate:
                 w.filters, w._showwarnmsg = _SHOW_ALL, _show_at_user_line
@@ -198,8 +200,8 @@ class Recorder(TorchFunctionMode):
                 raise
             finally:
                 if relocate:  # written out: a call would be one more place for an interrupt to land
-                    if w.filters is _SHOW_ALL and len(_SHOW_ALL) == 1 and w._showwarnmsg is _show_at_user_line:
-                        w.filters, w._showwarnmsg = _real_warnings
+                    if w.filters is _SHOW_ALL and len(_SHOW_ALL) == 1:
+                        w.filters, w._showwarnmsg = _real_filters, _real_show
                     else:
                         _put_back_warnings()
         try:
@@ -227,8 +229,8 @@ class Recorder(TorchFunctionMode):
                 try:
                     result = func(*args, **kwargs)
                 finally:
-                    if w.filters is _SHOW_ALL and len(_SHOW_ALL) == 1 and w._showwarnmsg is _show_at_user_line:
-                        w.filters, w._showwarnmsg = _real_warnings
+                    if w.filters is _SHOW_ALL and len(_SHOW_ALL) == 1:
+                        w.filters, w._showwarnmsg = _real_filters, _real_show
                     else:
                         _put_back_warnings()
             else:
@@ -309,7 +311,7 @@ class Recorder(TorchFunctionMode):
             self.op_modules[index] = self.module_path
         self.ops.append((func, code, line, tuple([tid(t) for t in tensors]), before, after, outputs, seq,
                          written, _grad_enabled(), None if error is None else (type(error).__name__, str(error))))
-        if index >= self.folded_upto + _FOLD_EVERY:
+        if index >= self.fold_at:
             self._fold(index - _FOLD_EVERY)
 
     def known(self, t):
@@ -385,6 +387,7 @@ class Recorder(TorchFunctionMode):
             folded += 1
         self.folded += folded
         self.folded_upto = upto
+        self.fold_at = upto + 2 * _FOLD_EVERY
 
     def _folded_records(self):
         shared = self.__dict__.get("folded_records")
@@ -426,7 +429,7 @@ class Recorder(TorchFunctionMode):
         part.op_modules = {i - start: path for i, path in self.op_modules.items() if i >= start}
         part.optimized = set(self.optimized)
         part.too_deep = part.folded = 0
-        part.folded_upto = sys.maxsize  # nothing more is recorded into it
+        part.folded_upto = part.fold_at = sys.maxsize  # nothing more is recorded into it
         for name in ("pointer_index", "pointer_indexed", "folded_records", "interned_shapes"):
             part.__dict__.pop(name, None)
         return part
@@ -538,14 +541,14 @@ def _versions(tensors):
 # user's real filters.
 _ALWAYS = ("always", None, Warning, None, 0)
 _SHOW_ALL = [_ALWAYS]
-_real_warnings = [None, None]  # warnings.filters and warnings._showwarnmsg while ours are in place
+_real_filters = _real_show = None  # warnings.filters and warnings._showwarnmsg while ours are in place
 
 
 def _put_back_warnings():
     """Restore the real filters; keep any filter a call added meanwhile (a module imported
     inside a torch call may run warnings.filterwarnings at import)."""
     w = _warnings
-    filters, show = _real_warnings
+    filters, show = _real_filters, _real_show
     if len(_SHOW_ALL) != 1 or _SHOW_ALL[0] is not _ALWAYS:
         added = list(_SHOW_ALL)
         _SHOW_ALL[:] = [_ALWAYS]
@@ -566,7 +569,7 @@ def _show_at_user_line(message):
     __tracebackhide__ = True  # noqa: F841
     w = _warnings
     inside_filters, inside_show = w.filters, w._showwarnmsg
-    filters, show = _real_warnings
+    filters, show = _real_filters, _real_show
     if inside_filters is not _SHOW_ALL:  # catch_warnings() inside the call: its copy, less ours
         filters = [f for f in inside_filters if f is not _ALWAYS]
     w.filters, w._showwarnmsg = filters, show
