@@ -218,15 +218,17 @@ def _release(recorder, recursion_limit):
 
 def _finish_interrupted_mode_stashes(exc):
     """torch's handle_torch_function takes our mode off the stack for the duration of the call
-    (`with _pop_mode_temporarily()`, a generator). An interrupt landing on that context
-    manager's __exit__ leaves the generator suspended, and it pushes our mode back whenever it
-    is finalized, long after the block. Finish those generators now, while we can pop the mode."""
+    (`with _pop_mode_temporarily()`, a generator). An interrupt landing in that context
+    manager's __enter__ or __exit__ leaves the generator suspended, and it pushes our mode back
+    whenever it is finalized, long after the block. Finish those generators now, while we can
+    pop the mode."""
     import contextlib
 
     import torch
 
     stash = getattr(torch.overrides._pop_mode_temporarily, "__wrapped__", None)
-    exit_code = contextlib._GeneratorContextManager.__exit__.__code__
+    manager_codes = (contextlib._GeneratorContextManager.__enter__.__code__,
+                     contextlib._GeneratorContextManager.__exit__.__code__)
     if stash is None:
         return
     seen = set()
@@ -235,7 +237,7 @@ def _finish_interrupted_mode_stashes(exc):
         tb = exc.__traceback__
         while tb is not None:
             frame = tb.tb_frame
-            if frame.f_code is exit_code:
+            if frame.f_code in manager_codes:
                 manager = frame.f_locals.get("self")
                 gen = getattr(manager, "gen", None)
                 if getattr(gen, "gi_code", None) is stash.__code__ and gen.gi_frame is not None:
