@@ -93,16 +93,18 @@ def main() -> None:
     torch.set_num_threads(1)
     print("long loops under capture, torch %s, Python %s" % (torch.__version__, sys.version.split()[0]))
     print("%-30s %10s %10s %14s %14s %12s" % ("", "s", "us/op", "bytes/op kept", "after build", "after del"))
-    mlp_ops = None
     for captured in (False, True):
         r = measure("tiny op x%d %s" % (args.ops, "capture" if captured else "plain"),
                     lambda: tiny_loop(args.ops), args.ops, captured)
         _row(r)
-    # ops per MLP step: counted once from a short captured run
-    with ja.capture() as probe:
-        mlp_loop(1)
-    mlp_ops = max(1, len(probe.ops))
-    del probe
+    # ops per MLP step: two captured steps less one (the model's construction is in both)
+    counts = []
+    for steps in (1, 2):
+        with ja.capture() as probe:
+            mlp_loop(steps)
+        counts.append(len(probe.ops))
+        del probe
+    mlp_ops = max(1, counts[1] - counts[0])
     for captured in (False, True):
         r = measure("MLP x%d steps %s" % (args.steps, "capture" if captured else "plain"),
                     lambda: mlp_loop(args.steps), args.steps * mlp_ops, captured)
