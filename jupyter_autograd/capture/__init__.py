@@ -96,9 +96,9 @@ class capture:
             self._recorder = self._outer = outer
             self._start = len(outer.ops)
             return
-        recorder = Recorder(check_nan=self._check_nan)
         self._thread = threading.get_ident()
         try:
+            recorder = Recorder(check_nan=self._check_nan)
             install_hooks()
             try:
                 recorder.__enter__()
