@@ -142,11 +142,6 @@ def _remove_all_hooks():
         raise failure
 
 
-def hooks_installed() -> bool:
-    """Whether any of our process-wide hooks is in place (for tests and for a safety net)."""
-    return bool(_hook_handles) or _Function.__dict__.get("apply") is not _original_apply
-
-
 _FOLD_EVERY = 4096  # ops between two folding passes; the first and the latest such window stay whole
 
 
