@@ -605,3 +605,37 @@ def test_a_long_loop_folds_dead_ops_and_says_so():
     assert any("folded" in note for note in trace.notes)
     assert trace.diagnoses == [] and trace.warnings == []
     assert first is not None and last is not None and loss is not None
+
+
+def _train(steps, retain):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, target = torch.randn(16, 4), torch.randn(16, 1)
+    for _ in range(steps):
+        loss = F.mse_loss(model(x), target)
+        opt.zero_grad()
+        loss.backward(retain_graph=retain)
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("retain", [False, True])
+def test_a_long_training_loop_folds_only_graphs_backward_has_freed(retain):
+    steps = 3 * recorder_module._FOLD_EVERY // 10
+    plain = _train(steps, retain)
+    with ja.capture(namespace={}) as trace:
+        recorder = recorder_module._state.recorder
+        captured = _train(steps, retain)
+    assert _same(plain, captured)
+    with_nodes = [op for op in trace.ops if op.node is not None and not op.is_backward]
+    folded_with_nodes = [op for op in with_nodes if not op.inputs and not op.outputs]
+    if retain:  # a kept graph may be run again: nothing that made it is folded
+        assert folded_with_nodes == []
+    else:
+        assert len(folded_with_nodes) > len(with_nodes) // 3 and recorder.folded >= len(folded_with_nodes)
+        assert all(op.location is not None for op in folded_with_nodes)
+    assert trace.diagnoses == [] and trace.warnings == []
+    linears = [op for op in trace.ops if op.name == "F.linear"]
+    first, last = linears[0], linears[-1]
+    assert first.inputs and first.outputs and last.inputs and last.outputs  # first and last iterations whole

@@ -384,8 +384,9 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
                                       % recorder.too_deep)
             if recorder.folded:
                 trace.notes.append("To keep memory bounded, the details of %d ops were folded: ops that wrote "
-                                   "nothing, made no autograd node and whose results were gone; they keep "
-                                   "their name and line, not their tensors." % recorder.folded)
+                                   "nothing, whose results were gone and whose autograd nodes, if any, a "
+                                   "backward had already run and freed; they keep their name, line and "
+                                   "nodes, not their tensors." % recorder.folded)
             if STACK_RAISED[0] and len(trace.nodes) > DEEP_GRAPH:
                 trace.notes.append("This graph is deep: to keep PyTorch from crashing when it frees it, the "
                                    "process's stack limit was raised from %d to %d bytes." % STACK_RAISED[0])

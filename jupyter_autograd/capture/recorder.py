@@ -170,6 +170,7 @@ class Recorder(TorchFunctionMode):
         self.folded = 0                # ops whose details were dropped (see _fold)
         self.folded_upto = _FOLD_EVERY  # ops before this index have been looked at by _fold
         self.fold_at = 3 * _FOLD_EVERY  # the next pass: one window at a time, one window behind
+        self.freeing_backwards = set()  # op indices of backward calls that free their graph (no retain_graph)
 
     # -- hot path -----------------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -188,7 +189,11 @@ class Recorder(TorchFunctionMode):
                 w.filters, w._showwarnmsg = _SHOW_ALL, _show_at_user_line
             try:
                 if func in _BACKWARD_FUNCS:
-                    return self._backward_call(func, args, kwargs)
+                    index, frees = len(self.ops), _frees_graph(func, args, kwargs)
+                    result = self._backward_call(func, args, kwargs)
+                    if frees:  # and it ran: its graph's buffers are gone
+                        self.freeing_backwards.add(index)
+                    return result
                 return func(*args, **kwargs)
             except BaseException as exc:
                 _drop_leading_own_frames(exc)
@@ -349,29 +354,38 @@ class Recorder(TorchFunctionMode):
     # -- bounded memory -------------------------------------------------------------------------
     def _fold(self, upto):
         """Drop the details of ops in [folded_upto, upto) that can no longer matter: they wrote
-        nothing, raised nothing, made no autograd node, and every tensor they returned is gone.
-        Such an op keeps its slot (indices stay valid), its function and its line, as a tuple
-        shared by every folded op of that line; a tensor it made keeps its row in tensor_meta
+        nothing, raised nothing, every tensor they returned is gone, and the autograd nodes they
+        made, if any, were all run by a backward call that freed them (no retain_graph), so no
+        later backward or check can need their tensors. Such an op keeps its slot (indices stay
+        valid), its function, line and node range; without nodes, its record is one tuple
+        shared by every folded op of that line. A tensor it made keeps its row in tensor_meta
         (with a shared shape) and loses its weak reference. What was folded is said in the trace.
         Only what lies at least one window behind the newest op is folded, and never the first
         window: the first and the last iterations of a loop stay whole."""
         ops, refs, metas, shared = self.ops, self.refs, self.tensor_meta, self._folded_records()
         shapes = self._shapes()
-        op_modules = self.op_modules
+        op_modules, nodes, freeing = self.op_modules, self.graph_nodes, self.freeing_backwards
         folded = 0
         for index in range(self.folded_upto, upto):
             rec = ops[index]
-            if (rec[OP_SEQ] is not None or rec[OP_WR] is not None or rec[OP_ERR] is not None
-                    or not rec[OP_IN] and not rec[OP_OUT] or rec[OP_FUNC] == _DATA_GETTER):
+            if (rec[OP_WR] is not None or rec[OP_ERR] is not None or not rec[OP_IN] and not rec[OP_OUT]
+                    or rec[OP_FUNC] == _DATA_GETTER or rec[OP_FUNC] in _BACKWARD_FUNCS):
                 continue
             outs = rec[OP_OUT]
             if any(refs[t]() is not None for t in outs):
                 continue
-            key = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], rec[OP_GRAD])
-            small = shared.get(key)
-            if small is None:
-                small = shared[key] = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], (), (), (), (), None, None,
-                                       rec[OP_GRAD], None)
+            seq = rec[OP_SEQ]
+            if seq is not None:
+                entries = [nodes.get(key) for key in range(seq[0], seq[1])]
+                if not all(e is not None and any(b in freeing for b in e[3]) for e in entries):
+                    continue
+                small = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], (), (), (), (), seq, None, rec[OP_GRAD], None)
+            else:
+                key = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], rec[OP_GRAD])
+                small = shared.get(key)
+                if small is None:
+                    small = shared[key] = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], (), (), (), (), None, None,
+                                           rec[OP_GRAD], None)
             ops[index] = small
             op_modules.pop(index, None)
             for t in outs:
@@ -423,6 +437,7 @@ class Recorder(TorchFunctionMode):
         part.names = dict(self.names)
         part.op_modules = {i - start: path for i, path in self.op_modules.items() if i >= start}
         part.optimized = set(self.optimized)
+        part.freeing_backwards = {i - start for i in self.freeing_backwards if i >= start}
         part.too_deep = part.folded = 0
         part.folded_upto = part.fold_at = sys.maxsize  # nothing more is recorded into it
         for name in ("pointer_index", "pointer_indexed", "folded_records", "interned_shapes"):
@@ -520,6 +535,18 @@ def _collect(values, found):
             for b in a:
                 if isinstance(b, _Tensor):
                     found.append(b)
+
+
+def _frees_graph(func, args, kwargs):
+    """Whether a backward call frees its graph: no retain_graph (which defaults to create_graph)."""
+    try:
+        at = 3 if func is torch.autograd.grad else 2  # (outputs, inputs, grad_outputs, retain_graph, ...)
+        retain = kwargs.get("retain_graph", args[at] if len(args) > at else None)
+        if retain is None:
+            retain = kwargs.get("create_graph", args[at + 1] if len(args) > at + 1 else False)
+        return retain is False or retain is None or retain == 0
+    except Exception:  # unusual arguments: say it keeps the graph, so nothing of it is folded
+        return False
 
 
 def _versions(tensors):
