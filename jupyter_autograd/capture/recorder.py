@@ -368,8 +368,8 @@ class Recorder(TorchFunctionMode):
         folded = 0
         for index in range(self.folded_upto, upto):
             rec = ops[index]
-            if (rec[OP_WR] is not None or rec[OP_ERR] is not None or not rec[OP_IN] and not rec[OP_OUT]
-                    or rec[OP_FUNC] == _DATA_GETTER or rec[OP_FUNC] in _BACKWARD_FUNCS):
+            if (rec[OP_WR] is not None or rec[OP_ERR] is not None or rec[OP_FUNC] == _DATA_GETTER
+                    or rec[OP_FUNC] in _BACKWARD_FUNCS):
                 continue
             outs = rec[OP_OUT]
             if any(refs[t]() is not None for t in outs):
