@@ -1,8 +1,11 @@
 """Recording a block of PyTorch code. The only part of the package that touches torch internals."""
 from __future__ import annotations
 
+import _signal
 import sys
+import threading
 import warnings
+import weakref
 from typing import Iterable, Optional
 
 from ..model import Trace
@@ -22,6 +25,7 @@ class capture:
     The block runs exactly as without the capture: same results, same exceptions, same
     gradients. `trace` is filled in when the block ends, also when it raised. Only the
     thread that entered the block is recorded (PyTorch's function modes are per thread).
+    A capture inside another one gets the ops of its own block; the outer one keeps all.
 
     namespace: dicts in which to look up the user's variable names (default: the globals of
     the code that entered the block and of every frame seen, and its locals at module level).
@@ -44,51 +48,275 @@ class capture:
                                           and all(isinstance(ns, dict) for ns in namespace)):
             raise TypeError("capture(namespace=...) takes a dict or a list of dicts of variable names, "
                             "for example capture(namespace=globals()); got %r" % (type(namespace).__name__,))
+        for ns in namespace or ():
+            key = next((k for k in ns if not isinstance(k, str)), None)
+            if key is not None:
+                raise TypeError("capture(namespace=...) maps variable names to values, so its keys must be "
+                                "str; got the key %r" % (key,))
         self._namespace = None if namespace is None else list(namespace)
         self._recorder = None
         self._outer = None
+        self._start = 0            # for a nested capture: the outer recorder's op count at entry
+        self._installed = False    # our mode, hooks and thread state are in place
+        self._thread = None
+        self._not_started = None   # why recording could not start, if it could not
+        self._recursion_limit = None  # the user's limit, while ours (RECURSION_HEADROOM more) is set
+        self._finalizer = None
         self.trace = Trace()
 
     def __enter__(self) -> Trace:
-        from .recorder import Recorder, frame_names, install_function_hook
+        __tracebackhide__ = True  # noqa: F841
+        from .recorder import frame_names
 
         if self._namespace is None:
             frame = sys._getframe(1)
             self._namespace = [frame_names(frame), frame.f_globals]
-        self._outer = getattr(_state, "recorder", None)
-        if self._outer is not None:
-            # Entering a second mode would record everything twice: share the outer recorder.
-            self._recorder = self._outer
-            return self.trace
-        self._recorder = Recorder(check_nan=self._check_nan)
-        self._recorder.__enter__()
-        _state.recorder = self._recorder
-        install_function_hook()
+        try:
+            with _InterruptsHeld():
+                self._start_recording()
+        except BaseException:  # an interrupt held while installing lands here: leave nothing behind
+            while self._installed:
+                try:
+                    with _InterruptsHeld():
+                        self._stop_recording()
+                except Exception:
+                    break
+                except BaseException:  # before the interrupts were held: once more
+                    continue
+            raise
         return self.trace
 
-    def __exit__(self, exc_type, exc, tb):
-        from .recorder import remove_function_hook
+    def _start_recording(self):
+        from .recorder import Recorder, install_hooks, remove_hooks
 
-        recorder = self._recorder
+        outer = getattr(_state, "recorder", None)
+        if outer is not None:
+            # Entering a second mode would record everything twice: the outer recorder records
+            # for both, and this block's part of it is cut out at the end.
+            self._recorder = self._outer = outer
+            self._start = len(outer.ops)
+            return
+        self._thread = threading.get_ident()
         try:
-            if self._outer is None:
-                _state.recorder = None
-                remove_function_hook()
-                recorder.__exit__(None, None, None)
-            previous_off, recorder.off = recorder.off, "building the trace"
+            recorder = Recorder(check_nan=self._check_nan)
+            install_hooks()
             try:
-                self.trace._defer(finish(recorder, self._namespace, exc))
-            finally:
-                recorder.off = previous_off
+                recorder.__enter__()
+            except BaseException:
+                _quietly(remove_hooks)
+                raise
+        except Exception as exc:  # the block must run as without us: it runs unrecorded
+            self._not_started = "jupyter_autograd could not start recording (%s: %s); the block ran unrecorded" % (
+                type(exc).__name__, exc)
+            warn(self._not_started)
+            return
+        self._recorder = recorder
+        _state.recorder = recorder
+        self._installed = True
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(limit + RECURSION_HEADROOM)
+        self._recursion_limit = limit
+        # The safety net for an interrupt on __exit__'s first instruction: when this object is
+        # freed (as the interrupt unwinds the with statement), remove what is still installed.
+        # A finalizer, not __del__: it is detached on every normal exit, so no interrupt can
+        # land in it and be lost.
+        self._finalizer = weakref.finalize(self, _release_left_behind, recorder, self._thread, limit)
+
+    def _stop_recording(self, exc=None):
+        """Remove the mode, the hooks and the thread's recorder; every step is tried, the first
+        failure is raised after all of them."""
+        if not self._installed:
+            return
+        self._installed = False
+        finalizer, self._finalizer = self._finalizer, None
+        if finalizer is not None:
+            finalizer.detach()
+        limit, self._recursion_limit = self._recursion_limit, None
+        if exc is not None:
+            _finish_interrupted_mode_stashes(exc)
+        _release(self._recorder, limit)
+
+
+    def close(self) -> None:
+        """Remove what the capture installed, if its block was left without `__exit__` running
+        (an interrupt on the very first instruction of `__exit__`, before any of its code ran).
+        Harmless otherwise; it also happens when the capture object is freed."""
+        if self._installed and self._thread == threading.get_ident():
+            with _InterruptsHeld():
+                self._stop_recording()
+
+    def __exit__(self, exc_type, exc, tb):
+        __tracebackhide__ = True  # noqa: F841
+        recorder, outer = self._recorder, self._outer
+        ended = []  # our own problems in ending the block, for the trace's warnings
+        interrupted = None
+        # Written out here, not in a helper: an interrupt can land on the first instruction of
+        # any function we call, before it could hold interrupts. Then the removal runs again.
+        while self._installed:
+            try:
+                with _InterruptsHeld():
+                    self._stop_recording(exc)
+            except Exception as internal:
+                ended.append("jupyter_autograd could not remove all its hooks (%s: %s)" % (
+                    type(internal).__name__, internal))
+            except BaseException as interrupt:
+                interrupted = interrupt
+        try:
+            if interrupted is not None:
+                raise interrupted
+            for message in ended:
+                warn(message)
+            if self._not_started is not None:
+                self.trace.warnings.extend([self._not_started] + ended)
+            elif recorder is not None:
+                part = recorder if outer is None else recorder.since(self._start)
+                previous_off, recorder.off = recorder.off, "building the trace"
+                try:
+                    self.trace._defer(finish(part, self._namespace, exc, ended))
+                finally:
+                    recorder.off = previous_off
         except Exception as internal:  # the user's result matters more than our report
             message = "jupyter_autograd could not analyse this block (%s: %s)" % (type(internal).__name__, internal)
             self.trace.warnings.append(message)
             warn(message)
+        except BaseException:  # an interrupt while the trace was taken: the block is not analysed
+            if "_pending" not in self.trace.__dict__:
+                self.trace.__dict__.update(
+                    Trace(warnings=["interrupted while the capture ended: this block was not analysed"]).__dict__)
+            raise
         finally:
             self._recorder = self._outer = self._namespace = None
         if exc is not None:
             _add_note(exc, self.trace)
             _hide_own_frames(exc)
+        return False
+
+
+def _release(recorder, recursion_limit):
+    """Remove the mode, the hooks and the thread's recorder; every step is tried, the first
+    failure is raised after all of them."""
+    from .recorder import _put_back_warnings, _show_at_user_line, _SHOW_ALL, remove_hooks
+
+    failure = None
+    recorder.off = recorder.off or "the block has ended"  # inert, should anything still call it
+    if getattr(_state, "recorder", None) is recorder:
+        _state.recorder = None
+    for step in (lambda: _pop_mode(recorder), remove_hooks):
+        try:
+            step()
+        except BaseException as exc:
+            failure = failure or exc
+    if warnings.filters is _SHOW_ALL or warnings._showwarnmsg is _show_at_user_line:  # a call cut off mid-way
+        _put_back_warnings()
+    if recursion_limit is not None and sys.getrecursionlimit() == recursion_limit + RECURSION_HEADROOM:
+        try:
+            sys.setrecursionlimit(recursion_limit)  # unless the block set a limit of its own
+        except RecursionError:  # deeper than the user's limit right now: theirs is set when it fits
+            pass
+    if failure is not None:
+        raise failure
+
+
+def _finish_interrupted_mode_stashes(exc):
+    """torch's handle_torch_function takes our mode off the stack for the duration of the call
+    (`with _pop_mode_temporarily()`, a generator). An interrupt landing in that context
+    manager's __enter__ or __exit__ leaves the generator suspended, and it pushes our mode back
+    whenever it is finalized, long after the block. Finish those generators now, while we can
+    pop the mode."""
+    import contextlib
+
+    import torch
+
+    stash = getattr(torch.overrides._pop_mode_temporarily, "__wrapped__", None)
+    manager_codes = (contextlib._GeneratorContextManager.__enter__.__code__,
+                     contextlib._GeneratorContextManager.__exit__.__code__)
+    if stash is None:
+        return
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_code in manager_codes:
+                manager = frame.f_locals.get("self")
+                gen = getattr(manager, "gen", None)
+                if getattr(gen, "gi_code", None) is stash.__code__ and gen.gi_frame is not None:
+                    try:
+                        gen.close()
+                    except Exception:
+                        pass
+            tb = tb.tb_next
+        exc = exc.__cause__ or exc.__context__
+
+
+def _release_left_behind(recorder, thread, recursion_limit):
+    if thread == threading.get_ident():  # the mode stack is per thread
+        with _InterruptsHeld():
+            _release(recorder, recursion_limit)
+
+# Our frames between a call and the user's: __torch_function__, entered from C (which counts
+# twice), and for torch functions written in Python, handle_torch_function and the repeated call.
+# A call that works plain at the recursion limit must work under capture; our own bookkeeping
+# beyond that, when it does not fit, is skipped (see Recorder.too_deep).
+RECURSION_HEADROOM = 4
+
+
+def _quietly(step):
+    try:
+        step()
+    except BaseException:
+        pass
+
+
+def _pop_mode(recorder):
+    """Take our mode off this thread's stack, also when the user left a mode of theirs above it."""
+    import torch
+
+    above = []
+    try:
+        while torch._C._len_torch_function_stack() > 0:
+            mode = torch._C._pop_torch_function_stack()
+            if mode is recorder:
+                break
+            above.append(mode)
+    finally:
+        for mode in reversed(above):
+            torch._C._push_on_torch_function_stack(mode)
+
+
+class _InterruptsHeld:
+    """SIGINT is held while the capture installs or removes what it needs, and delivered right
+    after, so that an interrupt never leaves half of it in place. Only the main thread receives
+    signals; elsewhere, and where the handler was set from C (it could not be put back), this
+    does nothing."""
+
+    # The C functions of _signal, not signal's Python wrappers: fewer places to be interrupted.
+    def __enter__(self):
+        self.previous = self.pending = None
+        try:
+            previous = _signal.getsignal(_signal.SIGINT)
+            if previous is not None:
+                _signal.signal(_signal.SIGINT, self._hold)
+                self.previous = previous
+        except (ValueError, OSError, AttributeError):
+            pass
+        return self
+
+    def _hold(self, signum, frame):
+        self.pending = signum
+
+    def __exit__(self, exc_type, exc, tb):
+        previous, self.previous = self.previous, None
+        if previous is None:
+            return False
+        _signal.signal(_signal.SIGINT, previous)
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            if callable(previous):
+                previous(pending, sys._getframe(1))
+            elif previous == _signal.SIG_DFL:
+                _signal.raise_signal(_signal.SIGINT)
         return False
 
 
@@ -102,44 +330,64 @@ def warn(message: str) -> None:
 
 
 def _hide_own_frames(exc: BaseException) -> None:
-    """Unlink the recorder's frame from the user's traceback, so it reads as without us."""
-    from .recorder import Recorder
+    """Unlink our frames from the user's traceback (and from the exceptions it chains), with
+    the torch dispatch frames that led into them, so that it reads as without us."""
+    from .recorder import _without_dispatch
 
-    own = {Recorder.__torch_function__.__code__, Recorder._backward_call.__code__}
-    tb, prev = exc.__traceback__, None
-    while tb is not None:
-        if tb.tb_frame.f_code in own:
-            if prev is None:
-                exc.__traceback__ = tb.tb_next
-            else:
-                prev.tb_next = tb.tb_next
-        else:
-            prev = tb
-        tb = tb.tb_next
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        entries = []
+        tb = exc.__traceback__
+        while tb is not None:
+            entries.append(tb)
+            tb = tb.tb_next
+        keep = _without_dispatch(entries, [e.tb_frame.f_code for e in entries])
+        if len(keep) != len(entries):
+            for a, b in zip(keep, keep[1:]):
+                a.tb_next = b
+            if keep:
+                keep[-1].tb_next = None
+            exc.__traceback__ = keep[0] if keep else None
+        exc = exc.__cause__ or exc.__context__
 
 
-def finish(recorder, namespaces, exc=None):
+def finish(recorder, namespaces, exc=None, tool_warnings=()):
     """Take, now, what needs the user's live objects; return a function that builds the Trace.
 
     The build (records to plain data, the graph model, the diagnoses) runs when the trace is
-    first read: a training loop under capture() pays for it only if it looks."""
+    first read: a training loop under capture() pays for it only if it looks. Our reads of the
+    user's tensors are hidden from their `__torch_function__` subclasses, now and at the build."""
+    import torch
+
     from ..diagnose import diagnose
     from .build import build_trace, end_checkpoint, freeze
     from .graph import DEEP_GRAPH, STACK_RAISED
 
-    try:
-        end_checkpoint(recorder)
-    except Exception as internal:
-        recorder.failure = recorder.failure or "inspecting the graph at the end: %s: %s" % (
-            type(internal).__name__, internal)
-    live, names = freeze(recorder, namespaces or [])
+    with torch._C.DisableTorchFunctionSubclass():
+        try:
+            end_checkpoint(recorder)
+        except Exception as internal:
+            recorder.failure = recorder.failure or "inspecting the graph at the end: %s: %s" % (
+                type(internal).__name__, internal)
+        live, names = freeze(recorder, namespaces or [])
     error = None if exc is None else "%s: %s" % (type(exc).__name__, exc)
 
     def build() -> Trace:
         try:
-            trace = build_trace(recorder, live, names, error)
+            with torch._C.DisableTorchFunctionSubclass():
+                trace = build_trace(recorder, live, names, error)
+            trace.warnings.extend(tool_warnings)
             if recorder.failure:
                 trace.warnings.append("recording stopped early after an internal error: " + recorder.failure)
+            if recorder.too_deep:
+                trace.warnings.append("%d calls ran too close to the recursion limit to be recorded"
+                                      % recorder.too_deep)
+            if recorder.folded:
+                trace.notes.append("To keep memory bounded, the details of %d ops were folded: ops that wrote "
+                                   "nothing, whose results were gone and whose autograd nodes, if any, a "
+                                   "backward had already run and freed; they keep their name, line and "
+                                   "nodes, not their tensors." % recorder.folded)
             if STACK_RAISED[0] and len(trace.nodes) > DEEP_GRAPH:
                 trace.notes.append("This graph is deep: to keep PyTorch from crashing when it frees it, the "
                                    "process's stack limit was raised from %d to %d bytes." % STACK_RAISED[0])

@@ -4,6 +4,11 @@ This is the hot path. It stores flat tuples and does no string formatting or gra
 everything else happens once, when the block ends (see build.py). It must never raise
 anything but the user's own exception: any internal failure switches recording off and the
 user's code goes on as if the tool were not there.
+
+Being there must not show either. Our reads of a tensor (`_version`, `shape`, ...) are hidden
+from `__torch_function__` subclasses; warnings raised inside a call are re-issued at the line
+PyTorch would have blamed without us; a call made near the recursion limit is not recorded
+rather than failed; and old ops that cannot matter any more are folded (see `_fold`).
 """
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import bisect
 import os
 import sys
 import threading
+import warnings as _warnings
 import weakref
 
 import torch
@@ -22,6 +28,8 @@ from .graph import byte_range
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_CAPTURE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_OVERRIDES_FILE = os.path.abspath(torch.overrides.__file__)
 _Tensor = torch.Tensor
 _DATA_GETTER = torch.Tensor.data.__get__
 _GETTER_TYPE = type(_DATA_GETTER)
@@ -29,21 +37,23 @@ _BACKWARD_FUNCS = {torch.Tensor.backward, torch.autograd.backward, torch.autogra
 _is_compiling = torch.compiler.is_compiling
 _next_seq = torch._C._autograd._get_sequence_nr  # the sequence number the next grad_fn node gets
 _grad_enabled = torch.is_grad_enabled
+_hidden_from_subclasses = torch._C.DisableTorchFunctionSubclass
 
 # An op record is a flat tuple (cheap to build, invisible to the cyclic GC's hot lists):
 # (func, code, lineno, input tids, versions before, versions after, output tids,
 #  (first, end) sequence numbers of the grad_fn nodes it made or None, written byte ranges or None,
 #  grad enabled, error or None)
+# A version is None for an inference tensor, which has no version counter.
 OP_FUNC, OP_CODE, OP_LINE, OP_IN, OP_VB, OP_VA, OP_OUT, OP_SEQ, OP_WR, OP_GRAD, OP_ERR = range(11)
 
 _state = threading.local()  # .recorder: the Recorder active in this thread, if any
 _Function = torch.autograd.function.Function
 _original_apply = _Function.__dict__["apply"]
-_hook_users = [0]
 
 
 def _recording_apply(cls, *args, **kwargs):
     """Custom autograd.Function.apply is no torch function: record it as one op of the caller."""
+    __tracebackhide__ = True  # noqa: F841
     bound = _original_apply.__get__(None, cls)
     recorder = getattr(_state, "recorder", None)
     if recorder is None or recorder.off is not None:
@@ -64,28 +74,76 @@ def _leave_module(module, args, output):
         recorder.module_path = recorder.module_path[:-1]
 
 
-_module_hooks = []
+def _before_optimizer_step(optimizer, args, kwargs):
+    """Note the parameters an optimizer updates (the missing-grad rule asks which ones got none)."""
+    recorder = getattr(_state, "recorder", None)
+    if recorder is None or recorder.off is not None:
+        return None
+    try:
+        with _hidden_from_subclasses():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if isinstance(p, _Tensor):
+                        recorder.optimized.add(recorder._tid(p))
+    except Exception as exc:  # never let the tool break the user's step
+        recorder._fail(exc)
+    return None
 
 
-def install_function_hook():
-    """Hooks for the whole capture: custom Function.apply, and the nn.Module call stack (so that
-    large graphs can be grouped by module). Forward hooks change no result; always_call keeps
-    the stack right when a forward raises."""
-    _hook_users[0] += 1
-    if _hook_users[0] == 1:
-        _Function.apply = classmethod(_recording_apply)
+# -- process-wide hooks, shared by every capture of every thread ---------------------------------
+_hook_users = [0]
+_hook_handles = []
+
+
+def install_hooks():
+    """Hooks for the whole capture: custom Function.apply, the nn.Module call stack (so that
+    large graphs can be grouped by module) and optimizer steps. Forward hooks change no result;
+    always_call keeps the stack right when a forward raises.
+
+    All or nothing: if one cannot be installed, those already installed are removed and the
+    error is raised. Callers hold interrupts (see capture) while this runs."""
+    if _hook_users[0] == 0:
         from torch.nn.modules import module as nn_module
-        _module_hooks[:] = [nn_module.register_module_forward_pre_hook(_enter_module),
-                            nn_module.register_module_forward_hook(_leave_module, always_call=True)]
+        from torch.optim import optimizer as optim_module
+        try:
+            _Function.apply = classmethod(_recording_apply)
+            _hook_handles.append(nn_module.register_module_forward_pre_hook(_enter_module))
+            _hook_handles.append(nn_module.register_module_forward_hook(_leave_module, always_call=True))
+            _hook_handles.append(optim_module.register_optimizer_step_pre_hook(_before_optimizer_step))
+        except BaseException:
+            _remove_all_hooks()
+            raise
+    _hook_users[0] += 1
 
 
-def remove_function_hook():
+def remove_hooks():
+    """Undo install_hooks once its last user is done. Every step is tried even if one fails;
+    the first failure is raised after all of them."""
     _hook_users[0] = max(0, _hook_users[0] - 1)
     if _hook_users[0] == 0:
+        _remove_all_hooks()
+
+
+def _remove_all_hooks():
+    failure = None
+    try:
         _Function.apply = _original_apply
-        for handle in _module_hooks:
+    except BaseException as exc:
+        failure = exc
+    while _hook_handles:
+        handle = _hook_handles.pop()
+        try:
             handle.remove()
-        _module_hooks.clear()
+        except BaseException as exc:
+            failure = failure or exc
+            hooks = handle.hooks_dict_ref()  # what remove() does, done by hand
+            if hooks is not None:
+                hooks.pop(handle.id, None)
+    if failure is not None:
+        raise failure
+
+
+_FOLD_EVERY = 4096  # ops between two folding passes; the first and the latest such window stay whole
 
 
 class Recorder(TorchFunctionMode):
@@ -118,33 +176,97 @@ class Recorder(TorchFunctionMode):
         self.module_path = ()          # the nn.Modules whose forward is running, outermost first
         self.modules = {}              # id(module) -> module, for naming at the end of the block
         self.op_modules = {}           # op index -> module path, for ops run inside a forward
+        self.optimized = set()         # tids of the parameters of every optimizer stepped in the block
+        self.too_deep = 0              # calls not recorded: they ran too close to the recursion limit
+        self.folded = 0                # ops whose details were dropped (see _fold)
+        self.folded_upto = _FOLD_EVERY  # ops before this index have been looked at by _fold
+        self.fold_at = 3 * _FOLD_EVERY  # the next pass: one window at a time, one window behind
+        self.freeing_backwards = set()  # op indices of backward calls that free their graph (no retain_graph)
 
     # -- hot path -----------------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
         __tracebackhide__ = True  # noqa: F841  (IPython hides this frame in tracebacks)
         if kwargs is None:
             kwargs = {}
-        if self.off is not None or (type(func) is _GETTER_TYPE and func != _DATA_GETTER) or _is_compiling():
+        if self.off is not None:
             return func(*args, **kwargs)
-        if func in _BACKWARD_FUNCS:
-            return self._backward_call(func, args, kwargs)
+        global _real_filters, _real_show
+        w = _warnings
+        relocate = w.filters is not _SHOW_ALL  # else a call of ours further up already re-routes them
+        if relocate:
+            _real_filters, _real_show = w.filters, w._showwarnmsg
+        if (type(func) is _GETTER_TYPE and func != _DATA_GETTER) or func in _BACKWARD_FUNCS or _is_compiling():
+            if relocate:
+                w.filters, w._showwarnmsg = _SHOW_ALL, _show_at_user_line
+            try:
+                if func in _BACKWARD_FUNCS:
+                    index, frees = len(self.ops), _frees_graph(func, args, kwargs)
+                    result = self._backward_call(func, args, kwargs)
+                    if frees:  # and it ran: its graph's buffers are gone
+                        self.freeing_backwards.add(index)
+                    return result
+                return func(*args, **kwargs)
+            except BaseException as exc:
+                _drop_leading_own_frames(exc)
+                raise
+            finally:
+                if relocate:  # written out: a call would be one more place for an interrupt to land
+                    if w.filters is _SHOW_ALL and len(_SHOW_ALL) == 1:
+                        w.filters, w._showwarnmsg = _real_filters, _real_show
+                    else:
+                        _put_back_warnings()
         try:
             tensors = _tensors_in(args, kwargs)
-            before = tuple([t._version for t in tensors])
+            if types:  # a Tensor subclass with its own __torch_function__: it must not see our reads
+                with _hidden_from_subclasses():
+                    before = _versions(tensors)
+            else:
+                try:
+                    before = tuple([t._version for t in tensors])
+                except RuntimeError as exc:
+                    if isinstance(exc, RecursionError):
+                        raise
+                    before = _versions(tensors)  # an inference tensor among them
             seq = _next_seq()
+        except RecursionError:  # too deep for our own bookkeeping: run the call, unrecorded
+            self.too_deep += 1
+            return func(*args, **kwargs)
         except Exception as exc:  # never let the tool break the user's call
             self._fail(exc)
             return func(*args, **kwargs)
         try:
-            result = func(*args, **kwargs)
+            if relocate:
+                w.filters, w._showwarnmsg = _SHOW_ALL, _show_at_user_line
+                try:
+                    result = func(*args, **kwargs)
+                finally:
+                    if w.filters is _SHOW_ALL and len(_SHOW_ALL) == 1:
+                        w.filters, w._showwarnmsg = _real_filters, _real_show
+                    else:
+                        _put_back_warnings()
+            else:
+                result = func(*args, **kwargs)
         except BaseException as exc:
+            _drop_leading_own_frames(exc)
             try:
-                self._record(func, tensors, before, None, exc, seq)
+                if types:
+                    with _hidden_from_subclasses():
+                        self._record(func, tensors, before, None, exc, seq)
+                else:
+                    self._record(func, tensors, before, None, exc, seq)
+            except RecursionError:
+                self.too_deep += 1
             except Exception as inner:
                 self._fail(inner)
             raise
         try:
-            self._record(func, tensors, before, result, None, seq)
+            if types:
+                with _hidden_from_subclasses():
+                    self._record(func, tensors, before, result, None, seq)
+            else:
+                self._record(func, tensors, before, result, None, seq)
+        except RecursionError:
+            self.too_deep += 1
         except Exception as exc:
             self._fail(exc)
         return result
@@ -152,12 +274,19 @@ class Recorder(TorchFunctionMode):
     def _record(self, func, tensors, before, result, error, seq_start):
         tid = self._tid
         seq_end = _next_seq()
-        after = tuple([t._version for t in tensors])
+        try:
+            after = tuple([t._version for t in tensors])
+        except RuntimeError as exc:
+            if isinstance(exc, RecursionError):
+                raise
+            after = _versions(tensors)
         written = None
         index = len(self.ops)
         if after != before:
             written = tuple((tid(t), byte_range(t)) for t, b, a in zip(tensors, before, after) if a != b)
             self.last_write = index
+        else:
+            after = before  # one tuple for both: most calls write nothing
         outputs, seq = (), None
         if seq_end != seq_start:  # grad_fn nodes were made during this call: [start, end)
             seq = (seq_start, seq_end)
@@ -193,6 +322,8 @@ class Recorder(TorchFunctionMode):
             self.op_modules[index] = self.module_path
         self.ops.append((func, code, line, tuple([tid(t) for t in tensors]), before, after, outputs, seq,
                          written, _grad_enabled(), None if error is None else (type(error).__name__, str(error))))
+        if index >= self.fold_at:
+            self._fold(index - _FOLD_EVERY)
 
     def known(self, t):
         """The tid of a tensor seen before, or None. An id can be reused once its tensor is gone:
@@ -211,7 +342,9 @@ class Recorder(TorchFunctionMode):
         base = t._base
         # No t.grad_fn here: a Python wrapper on every node makes PyTorch 2.13 free deep graphs
         # recursively (a segfault past ~40,000 nodes). Names of nodes are read once, at the end.
-        ref = weakref.ref(t)
+        # An inference tensor is recorded but never looked up again: it has no version counter
+        # for the end of the block to read, and it can take no part in autograd.
+        ref = _DEAD if t.is_inference() else weakref.ref(t)
         self.refs.append(ref)
         self.tensor_meta.append((t.shape, t.dtype, t.device, t.requires_grad, t.is_leaf, created_by,
                                  None if base is None else self._tid(base), alias_of))
@@ -228,6 +361,99 @@ class Recorder(TorchFunctionMode):
 
     def _fail(self, exc):
         self.failure = self.off = "%s: %s" % (type(exc).__name__, exc)
+
+    # -- bounded memory -------------------------------------------------------------------------
+    def _fold(self, upto):
+        """Drop the details of ops in [folded_upto, upto) that can no longer matter: they wrote
+        nothing, raised nothing, every tensor they returned is gone, and the autograd nodes they
+        made, if any, were all run by a backward call that freed them (no retain_graph), so no
+        later backward or check can need their tensors. Such an op keeps its slot (indices stay
+        valid), its function, line and node range; without nodes, its record is one tuple
+        shared by every folded op of that line. A tensor it made keeps its row in tensor_meta
+        (with a shared shape) and loses its weak reference. What was folded is said in the trace.
+        Only what lies at least one window behind the newest op is folded, and never the first
+        window: the first and the last iterations of a loop stay whole."""
+        ops, refs, metas, shared = self.ops, self.refs, self.tensor_meta, self._folded_records()
+        shapes = self._shapes()
+        op_modules, nodes, freeing = self.op_modules, self.graph_nodes, self.freeing_backwards
+        folded = 0
+        for index in range(self.folded_upto, upto):
+            rec = ops[index]
+            if (rec[OP_WR] is not None or rec[OP_ERR] is not None or rec[OP_FUNC] == _DATA_GETTER
+                    or rec[OP_FUNC] in _BACKWARD_FUNCS):
+                continue
+            outs = rec[OP_OUT]
+            if any(refs[t]() is not None for t in outs):
+                continue
+            seq = rec[OP_SEQ]
+            if seq is not None:
+                entries = [nodes.get(key) for key in range(seq[0], seq[1])]
+                if not all(e is not None and any(b in freeing for b in e[3]) for e in entries):
+                    continue
+                small = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], (), (), (), (), seq, None, rec[OP_GRAD], None)
+            else:
+                key = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], rec[OP_GRAD])
+                small = shared.get(key)
+                if small is None:
+                    small = shared[key] = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], (), (), (), (), None, None,
+                                           rec[OP_GRAD], None)
+            ops[index] = small
+            op_modules.pop(index, None)
+            for t in outs:
+                refs[t] = _DEAD
+                meta = metas[t]
+                shape = shapes.setdefault(tuple(meta[0]), tuple(meta[0]))
+                metas[t] = (shape,) + meta[1:]
+            folded += 1
+        self.folded += folded
+        self.folded_upto = upto
+        self.fold_at = upto + 2 * _FOLD_EVERY
+
+    def _folded_records(self):
+        shared = self.__dict__.get("folded_records")
+        if shared is None:
+            shared = self.folded_records = {}
+        return shared
+
+    def _shapes(self):
+        shapes = self.__dict__.get("interned_shapes")
+        if shapes is None:
+            shapes = self.interned_shapes = {}
+        return shapes
+
+    # -- a nested capture's share ---------------------------------------------------------------
+    def since(self, start):
+        """A recorder holding only the ops from index `start` on, for a capture nested in this one
+        (one mode records for both). Tensors keep their tids; op indices start again at 0; the
+        copy has its own lists, so building it changes nothing here."""
+        part = Recorder.__new__(Recorder)
+        part.__dict__.update(self.__dict__)
+        end = len(self.ops)
+
+        def shift(index):
+            return index - start if index is not None and start <= index < end else None
+
+        part.ops = self.ops[start:]
+        part.tensor_meta = [meta if meta[5] is None else meta[:5] + (shift(meta[5]),) + meta[6:]
+                            for meta in self.tensor_meta]
+        part.refs = list(self.refs)
+        part.tid_of = dict(self.tid_of)
+        part.last_write = self.last_write - start if self.last_write >= start else -1
+        part.user_globals = dict(self.user_globals)
+        part.modules = dict(self.modules)
+        part.node_ranges = [(a, b, i - start) for a, b, i in self.node_ranges if i >= start]
+        part.checkpoints = [(i - start,) + cp[1:] for cp in self.checkpoints if (i := cp[0]) >= start]
+        part.graph_nodes = {key: [e[0], e[1], e[2], [b - start for b in e[3] if b >= start], e[4] - start]
+                            for key, e in self.graph_nodes.items() if e[4] >= start}
+        part.names = dict(self.names)
+        part.op_modules = {i - start: path for i, path in self.op_modules.items() if i >= start}
+        part.optimized = set(self.optimized)
+        part.freeing_backwards = {i - start for i in self.freeing_backwards if i >= start}
+        part.too_deep = part.folded = 0
+        part.folded_upto = part.fold_at = sys.maxsize  # nothing more is recorded into it
+        for name in ("pointer_index", "pointer_indexed", "folded_records", "interned_shapes"):
+            part.__dict__.pop(name, None)
+        return part
 
     # -- backward calls -------------------------------------------------------------------------
     def _backward_call(self, func, args, kwargs):
@@ -352,6 +578,13 @@ def frame_names(frame):
 _CO_OPTIMIZED = 0x0001
 
 
+def _dead():
+    return None
+
+
+_DEAD = _dead  # stands for the weak reference of a tensor that is gone or never looked up
+
+
 def _tensors_in(args, kwargs):
     """The tensors among the arguments, one level into lists and tuples (torch.cat, _foreach_*)."""
     found = []
@@ -369,3 +602,125 @@ def _collect(values, found):
             for b in a:
                 if isinstance(b, _Tensor):
                     found.append(b)
+
+
+def _frees_graph(func, args, kwargs):
+    """Whether a backward call frees its graph: no retain_graph (which defaults to create_graph)."""
+    try:
+        at = 3 if func is torch.autograd.grad else 2  # (outputs, inputs, grad_outputs, retain_graph, ...)
+        retain = kwargs.get("retain_graph", args[at] if len(args) > at else None)
+        if retain is None:
+            retain = kwargs.get("create_graph", args[at + 1] if len(args) > at + 1 else False)
+        return retain is False or retain is None or retain == 0
+    except Exception:  # unusual arguments: say it keeps the graph, so nothing of it is folded
+        return False
+
+
+def _versions(tensors):
+    """Version counters, None for an inference tensor (it has none)."""
+    return tuple([None if t.is_inference() else t._version for t in tensors])
+
+
+# -- warnings keep the user's line ---------------------------------------------------------------
+# A warning raised by a call we run is attributed by Python to our frame, the one calling it:
+# filters by module and the "once"/"default" registries would then see us instead of the user.
+# While a call runs, `warnings.filters` is swapped (not mutated, so no registry is reset) for
+# one that shows everything, and `warnings._showwarnmsg` for _show_at_user_line, which re-issues
+# the warning from the frame that Python would have chosen without our frames, under the
+# user's real filters.
+_ALWAYS = ("always", None, Warning, None, 0)
+_SHOW_ALL = [_ALWAYS]
+_real_filters = _real_show = None  # warnings.filters and warnings._showwarnmsg while ours are in place
+
+
+def _put_back_warnings():
+    """Restore the real filters; keep any filter a call added meanwhile (a module imported
+    inside a torch call may run warnings.filterwarnings at import)."""
+    w = _warnings
+    filters, show = _real_filters, _real_show
+    if len(_SHOW_ALL) != 1 or _SHOW_ALL[0] is not _ALWAYS:
+        added = list(_SHOW_ALL)
+        _SHOW_ALL[:] = [_ALWAYS]
+        if _ALWAYS in added:
+            at = added.index(_ALWAYS)
+            filters[:0] = added[:at]
+            filters.extend(added[at + 1:])
+        else:  # resetwarnings() inside the call
+            filters[:] = added
+    if w.filters is _SHOW_ALL:
+        w.filters = filters
+    if w._showwarnmsg is _show_at_user_line:
+        w._showwarnmsg = show
+
+
+def _show_at_user_line(message):
+    """warnings._showwarnmsg while one of our calls runs: warn again from the right frame."""
+    __tracebackhide__ = True  # noqa: F841
+    w = _warnings
+    inside_filters, inside_show = w.filters, w._showwarnmsg
+    filters, show = _real_filters, _real_show
+    if inside_filters is not _SHOW_ALL:  # catch_warnings() inside the call: its copy, less ours
+        filters = [f for f in inside_filters if f is not _ALWAYS]
+    w.filters, w._showwarnmsg = filters, show
+    try:
+        stack = []
+        frame = sys._getframe(1)
+        while frame is not None:
+            stack.append(frame)
+            frame = frame.f_back
+        at = next((i for i, f in enumerate(stack)
+                   if f.f_lineno == message.lineno and f.f_code.co_filename == message.filename), None)
+        if at is None:  # warn_explicit() with a location of its own
+            w.warn_explicit(message.message, message.category, message.filename, message.lineno,
+                            source=message.source)
+            return
+        stack.reverse()  # outermost first, as in a traceback
+        keep = _without_dispatch(stack, [f.f_code for f in stack])
+        keep.reverse()
+        if at >= len(keep):
+            filename, lineno, module, registry = "sys", 1, "sys", sys.__dict__.setdefault("__warningregistry__", {})
+        else:
+            target = keep[at]
+            g = target.f_globals
+            filename, lineno = target.f_code.co_filename, target.f_lineno
+            module = g.get("__name__", "<string>")
+            registry = g.get("__warningregistry__")
+            if registry is None:
+                registry = g["__warningregistry__"] = {}
+        w.warn_explicit(message.message, message.category, filename, lineno, module, registry,
+                        source=message.source)
+    finally:
+        w.filters, w._showwarnmsg = inside_filters, inside_show
+
+
+def _drop_leading_own_frames(exc):
+    """Unlink our frames from the head of an exception's traceback before it leaves our frame,
+    so that a user catching it inside the block does not see them either (the frames that
+    dispatched to us are added further up, as it propagates; capture.__exit__ drops those)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_CAPTURE_DIR):
+        tb = tb.tb_next
+    exc.__traceback__ = tb
+
+
+def _without_dispatch(entries, codes):
+    """The entries (outermost first) of a stack or traceback as they would be without the tool,
+    given the code object of each: no frame of ours, and where torch dispatched to us through
+    handle_torch_function, neither the overrides.py frames nor the frame that called them (the
+    call we made repeats it: the same code follows them, or one of our frames does)."""
+    filenames = [c.co_filename for c in codes]
+    drop = [f.startswith(_CAPTURE_DIR) for f in filenames]
+    n = len(entries)
+    i = 0
+    while i < n:
+        if filenames[i] != _OVERRIDES_FILE:
+            i += 1
+            continue
+        k = i
+        while k + 1 < n and filenames[k + 1] == _OVERRIDES_FILE:
+            k += 1
+        if i > 0 and k + 1 < n and (drop[k + 1] or codes[k + 1] is codes[i - 1]):
+            for j in range(i - 1, k + 1):
+                drop[j] = True
+        i = k + 1
+    return [e for e, d in zip(entries, drop) if not d]

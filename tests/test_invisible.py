@@ -1,0 +1,641 @@
+"""A block runs under capture() exactly as without it (issue "Invisible"), in plain Python.
+
+Each test runs the same code plain and captured, from the same state, and compares what the
+user can observe: result, printed output, exception and its formatted traceback frames,
+warnings and where they point, gradients, buffers, RNG state, torch's global state after.
+"""
+import contextlib
+import io
+import random
+import signal
+import sys
+import time
+import traceback
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import jupyter_autograd as ja
+from jupyter_autograd.capture import recorder as recorder_module
+
+HERE = __file__
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+def _global_state():
+    """Everything the capture touches outside the block."""
+    from torch.nn.modules import module as nn_module
+    from torch.optim import optimizer as optim_module
+
+    return dict(
+        mode_stack=torch._C._len_torch_function_stack(),
+        grad=torch.is_grad_enabled(),
+        anomaly=torch.is_anomaly_enabled(),
+        apply=torch.autograd.function.Function.__dict__["apply"],
+        forward_pre_hooks=len(nn_module._global_forward_pre_hooks),
+        forward_hooks=len(nn_module._global_forward_hooks),
+        optimizer_pre_hooks=len(optim_module._global_optimizer_pre_hooks),
+        recorder=getattr(recorder_module._state, "recorder", None),
+        hook_users=recorder_module._hook_users[0],
+        warning_filters=warnings.filters,
+        showwarnmsg=warnings._showwarnmsg,
+        sigint=signal.getsignal(signal.SIGINT),
+        recursion_limit=sys.getrecursionlimit(),
+    )
+
+
+def _frames(exc):
+    """The formatted traceback frames below this test's own frame (where the runs differ)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return [(f.filename, f.lineno, f.name, f.line) for f in frames][1:]
+
+
+def _run(work, captured):
+    """Run work() plain or captured, from the same seed; return everything observable."""
+    torch.manual_seed(0)
+    out = io.StringIO()
+    result = exc = trace = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with contextlib.redirect_stdout(out):
+            try:
+                if captured:
+                    with ja.capture() as trace:
+                        result = work()
+                else:
+                    result = work()
+            except Exception as e:  # compared below
+                exc = e
+    return dict(
+        result=result, out=out.getvalue(), trace=trace,
+        error=None if exc is None else (type(exc), str(exc)),
+        frames=None if exc is None else _frames(exc),
+        warnings=[(w.category, str(w.message), w.filename, w.lineno) for w in caught],
+        rng=torch.get_rng_state(),
+    )
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _assert_invisible(work):
+    before = _global_state()
+    plain = _run(work, captured=False)
+    assert _global_state() == before
+    captured = _run(work, captured=True)
+    assert _global_state() == before
+    for key in ("result", "out", "error", "frames", "warnings", "rng"):
+        assert _same(plain[key], captured[key]), (key, plain[key], captured[key])
+    return plain, captured
+
+
+# -- tracebacks (item 3) ---------------------------------------------------------------------------
+
+def _backward_through_a_modified_tensor():
+    x = torch.ones(3, requires_grad=True)
+    y = x.exp()
+    y += 1
+    y.sum().backward()
+
+
+def _failing_c_op():
+    return torch.ones(2, 3) @ torch.ones(2, 3)
+
+
+def _failing_python_function():
+    return F.softmax(torch.ones(3), dim=5)
+
+
+class _Broken(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        raise ValueError("broken forward")
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def _failing_custom_function():
+    return _Broken.apply(torch.ones(2, requires_grad=True))
+
+
+def _failing_backward_hook():
+    x = torch.ones(2, requires_grad=True)
+    y = x * 2
+
+    def hook(grad):
+        raise KeyError("from the user's hook")
+
+    y.register_hook(hook)
+    y.sum().backward()
+
+
+@pytest.mark.parametrize("work", [_backward_through_a_modified_tensor, _failing_c_op, _failing_python_function,
+                                  _failing_custom_function, _failing_backward_hook])
+def test_traceback_frames_are_those_of_a_plain_run(work):
+    plain, captured = _assert_invisible(work)
+    assert plain["frames"] and plain["frames"][0][2] == work.__name__
+    assert captured["trace"].error is not None
+
+
+def test_an_exception_caught_inside_the_block_shows_no_frame_of_ours():
+    def work():
+        try:
+            torch.ones(2, 3) @ torch.ones(2, 3)
+        except RuntimeError as exc:
+            return [f.filename for f in traceback.extract_tb(exc.__traceback__)]
+
+    plain, captured = _assert_invisible(work)
+    assert plain["result"] == [HERE]
+
+
+def test_an_interrupt_inside_the_tool_shows_no_frame_of_ours():
+    """A SIGINT delivered on each line our hot path runs: the traceback is the user's only."""
+    record_lines = {recorder_module.Recorder._record.__code__, recorder_module.Recorder._register.__code__,
+                    recorder_module._tensors_in.__code__}
+    tried = 0
+    for target in range(1, 60):
+        seen = [0]
+
+        def tracer(frame, event, arg):
+            if frame.f_code in record_lines:
+                def on_line(frame, event, arg):
+                    if event == "line":
+                        seen[0] += 1
+                        if seen[0] == target:
+                            signal.raise_signal(signal.SIGINT)
+                    return on_line
+                return on_line
+            return None
+
+        x = torch.ones(2, requires_grad=True)
+        interrupted = None
+        sys.settrace(tracer)
+        try:
+            with ja.capture():
+                y = x * 2
+                y = y + 1
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+        finally:
+            sys.settrace(None)
+        if interrupted is None:
+            break
+        tried += 1
+        frames = traceback.extract_tb(interrupted.__traceback__)
+        # the test's own frame at the user's line, then the tracer that raised the signal
+        assert {f.filename for f in frames} == {HERE} and frames[0].line.startswith("y = "), frames
+    assert tried > 10
+
+
+# -- Tensor subclasses (item 4) ------------------------------------------------------------------------
+
+class _Counted(torch.Tensor):
+    calls = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.calls.append(getattr(func, "__name__", repr(func)))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_tensor_subclass_sees_the_same_calls():
+    def work():
+        _Counted.calls = []
+        w = torch.randn(3, 3).as_subclass(_Counted)
+        h = torch.relu(w @ w)
+        h.add_(1)
+        with torch.no_grad():
+            h.mul_(2)
+        v = h.view(9)[2:]
+        return _Counted.calls, v.sum()
+
+    plain, captured = _assert_invisible(work)
+    assert len(plain["result"][0]) >= 6
+    assert [op.name for op in captured["trace"].ops].count("Tensor.add_") == 1
+
+
+# -- warnings (item 5) -------------------------------------------------------------------------------
+
+def _warn_from_c_and_python():
+    x = torch.ones(3)
+    torch.tensor(x)                       # a C++ warning: copy construct from a tensor
+    F.softmax(torch.ones(2, 2))           # a Python warning with a stacklevel: implicit dim
+    y = x.requires_grad_() * 2
+    return y.grad                         # a C++ warning in a property getter: not a leaf
+
+
+def test_warnings_point_at_the_user_line():
+    plain, captured = _assert_invisible(_warn_from_c_and_python)
+    assert len(plain["warnings"]) == 3
+    assert {(w[2], w[3]) for w in plain["warnings"]} == {
+        (HERE, _warn_from_c_and_python.__code__.co_firstlineno + n) for n in (2, 3, 5)}
+
+
+def _count_shown(work, action, module=None):
+    """Warnings shown with the user's filters: `action` for everything, "ignore" for `module`."""
+    shown = []
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        warnings.simplefilter(action)
+        if module is not None:
+            warnings.filterwarnings("ignore", module=module)
+        previous = warnings.showwarning
+        warnings.showwarning = lambda message, category, filename, lineno, *a: shown.append((filename, lineno))
+        try:
+            work()
+        finally:
+            warnings.showwarning = previous
+    return shown
+
+
+def _twice_on_two_lines():
+    x = torch.ones(3)
+    for _ in range(2):
+        torch.tensor(x)
+        torch.tensor(x)
+
+
+@pytest.mark.parametrize("action,module", [("default", None), ("once", None), ("module", None), ("always", None),
+                                           ("always", __name__), ("always", "somewhere.else")])
+def test_warning_filters_and_registries_behave_as_plain(action, module):
+    plain = _count_shown(_twice_on_two_lines, action, module)
+
+    def captured_work():
+        with ja.capture():
+            _twice_on_two_lines()
+
+    captured = _count_shown(captured_work, action, module)
+    assert captured == plain
+    expected = {"default": 2, "once": 1, "module": 1, "always": 4}[action]
+    assert len(plain) == (0 if module == __name__ else expected)
+
+
+def test_a_warning_turned_into_an_error_raises_from_the_user_line():
+    def work():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.tensor(torch.ones(2))
+
+    plain, captured = _assert_invisible(work)
+    assert plain["error"][0] is UserWarning and plain["frames"][-1][0] == HERE
+
+
+def test_filters_added_inside_a_call_are_kept():
+    """A module imported inside a torch call may add filters; they outlive the call, as plain."""
+    class Adds(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            warnings.filterwarnings("ignore", message="added inside a call")
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    with warnings.catch_warnings():
+        before = len(warnings.filters)
+        with ja.capture():
+            torch.ones(2).as_subclass(Adds) * 2
+        assert len(warnings.filters) == before + 1 and warnings.filters[0][1].pattern == "added inside a call"
+
+
+# -- entry and exit are atomic (item 6) -------------------------------------------------------------
+
+def _check_nothing_left(before):
+    after = _global_state()
+    assert after == before, {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+
+
+def _enter_exit_code():
+    capture_module = sys.modules["jupyter_autograd.capture"]
+
+    codes = set()
+    for owner in (capture_module.capture, capture_module._InterruptsHeld):
+        for value in vars(owner).values():
+            if hasattr(value, "__code__"):
+                codes.add(value.__code__)
+    for fn in (capture_module._pop_mode, capture_module._release, capture_module._finish_interrupted_mode_stashes,
+               capture_module.finish, recorder_module.install_hooks, recorder_module.remove_hooks,
+               recorder_module._remove_all_hooks, recorder_module._put_back_warnings):
+        codes.add(fn.__code__)
+    return codes
+
+
+def test_an_interrupt_on_any_line_of_entry_or_exit_leaves_nothing():
+    """A real SIGINT raised at every call and every line of the capture's own enter/exit code,
+    one at a time: afterwards nothing of ours is left, whatever the interrupt interrupted."""
+    codes = _enter_exit_code()
+    before = _global_state()
+    x = torch.ones(2, requires_grad=True)
+    delivered = 0
+    covered = False
+    for target in range(1, 3000):
+        seen = [0]
+
+        def tracer(frame, event, arg):
+            if frame.f_code not in codes:
+                return None
+
+            def local(frame, event, arg):
+                if event in ("call", "line"):
+                    seen[0] += 1
+                    if seen[0] == target:
+                        signal.raise_signal(signal.SIGINT)
+                return local
+            return local(frame, event, arg)
+
+        sys.settrace(tracer)
+        try:
+            with ja.capture():
+                (x * 2).sum()
+        except KeyboardInterrupt:
+            delivered += 1
+        finally:
+            sys.settrace(None)
+        _check_nothing_left(before)
+        if seen[0] < target:
+            covered = True
+            break
+    print("interrupts aimed at entry and exit: %d, delivered: %d" % (target - 1, delivered))
+    assert covered and target > 30 and delivered >= 1  # every line was hit, and interrupts got out
+
+
+@pytest.mark.parametrize("ops,runs", [(1, 600), (300, 150)], ids=["tiny-blocks", "long-blocks"])
+def test_random_interrupts_leave_nothing(ops, runs):
+    """SIGINTs at random instants of the block's run: in tiny blocks most land in entry or
+    exit, in long ones anywhere in the recording."""
+    before = _global_state()
+    rng = random.Random(ops)
+    x = torch.ones(2, requires_grad=True)
+    interrupts = 0
+
+    def block():
+        with ja.capture():
+            y = x
+            for _ in range(ops):
+                y = y * 1.0
+            y.sum().backward()
+
+    durations = []
+    for _ in range(9):
+        start = time.perf_counter()
+        block()
+        durations.append(time.perf_counter() - start)
+    longest = 1.5 * sorted(durations)[4]  # aim within the block's usual duration, and a little past it
+
+    def alarm(signum, frame):
+        signal.raise_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    try:
+        for _ in range(runs):
+            try:
+                signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-6, longest))
+                block()
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            except KeyboardInterrupt:
+                interrupts += 1
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            _check_nothing_left(before)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    print("%d random interrupts in %d blocks of %d ops" % (interrupts, runs, ops))
+    assert interrupts > runs // 4
+    _check_nothing_left(before)
+
+
+def test_if_the_hooks_cannot_be_installed_the_block_runs_unrecorded(monkeypatch):
+    from torch.optim import optimizer as optim_module
+
+    def refuse(hook):
+        raise RuntimeError("no more hooks")
+
+    monkeypatch.setattr(optim_module, "register_optimizer_step_pre_hook", refuse)
+    x = torch.ones(3, requires_grad=True)
+    with pytest.warns(RuntimeWarning, match="could not start recording"):
+        before = _global_state()
+        with ja.capture() as trace:
+            assert _global_state() == before  # untouched while the block runs
+            y = (x * 2).sum()
+            y.backward()
+        _check_nothing_left(before)
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
+    assert any("no more hooks" in w for w in trace.warnings)
+
+
+def test_if_removing_a_hook_fails_everything_else_is_still_removed(monkeypatch):
+    from torch.utils import hooks as torch_hooks
+
+    before = _global_state()
+    original = torch_hooks.RemovableHandle.remove
+    calls = [0]
+
+    def fails_once(self):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("cannot remove")
+        return original(self)
+
+    monkeypatch.setattr(torch_hooks.RemovableHandle, "remove", fails_once)
+    with pytest.warns(RuntimeWarning, match="could not remove all its hooks"):
+        with ja.capture() as trace:
+            torch.ones(2) * 2
+    monkeypatch.undo()
+    assert calls[0] >= 1
+    _check_nothing_left(before)
+    assert trace.warnings
+
+
+def test_state_restored_after_an_exception_whatever_apply_is():
+    """Function.apply is compared by identity in the class dict: a classmethod in torch 2.13,
+    possibly something else in later versions."""
+    before = _global_state()
+    with pytest.raises(ZeroDivisionError):
+        with ja.capture():
+            torch.ones(2) * 2
+            1 / 0
+    _check_nothing_left(before)
+
+
+# -- headroom (item 7) -----------------------------------------------------------------------------
+
+def _at_depth(n, op):
+    return op() if n == 0 else _at_depth(n - 1, op)
+
+
+def _deepest(op, captured):
+    lo, hi = 0, sys.getrecursionlimit()
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        try:
+            if captured:
+                with ja.capture():
+                    _at_depth(mid, op)
+            else:
+                _at_depth(mid, op)
+            lo = mid
+        except RecursionError:
+            hi = mid - 1
+    return lo
+
+
+@pytest.mark.parametrize("op", [lambda: torch.ones(3) + 1, lambda: F.softmax(torch.ones(3), 0),
+                                lambda: (torch.ones(2, requires_grad=True) * 2).sum().backward()],
+                         ids=["c-op", "python-function", "backward"])
+def test_a_call_near_the_recursion_limit_works_as_plain(op):
+    assert _deepest(op, captured=True) >= _deepest(op, captured=False)
+
+
+# -- training code: gradients, buffers, RNG, optimizer (items 8.6, 8.7 and the optimizer hook) --------
+
+def _training_with_validation():
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.3), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, target = torch.randn(16, 4), torch.randn(16, 1)
+    for _ in range(3):
+        loss = F.mse_loss(model(x), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.inference_mode():
+        model.eval()
+        val = model(x).mean()
+        model.train()
+    print("loss %.6f" % loss.item())
+    return ([p.grad.clone() for p in model.parameters()] + [p.detach().clone() for p in model.parameters()]
+            + [b.clone() for b in model.buffers()] + [val.clone()])
+
+
+def test_a_training_loop_with_an_inference_pass_is_unchanged():
+    plain, captured = _assert_invisible(_training_with_validation)
+    trace = captured["trace"]
+    assert trace.warnings == [] and trace.diagnoses == []
+
+
+def test_an_inference_pass_does_not_switch_recording_off():
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(RuntimeError):
+        with ja.capture() as trace:
+            with torch.inference_mode():
+                frozen = torch.ones(2) * 3
+            y = x.exp() + frozen.sum()
+            y = y.exp()
+            y += 1
+            y.sum().backward()
+    assert trace.warnings == []
+    assert [d.kind for d in trace.diagnoses] == ["saved-tensor-modified"]
+    assert any(op.name == "Tensor.mul" and op.versions_before == (None,) for op in trace.ops)
+
+
+def test_optimizer_steps_note_their_parameters():
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ja.capture():
+        recorder = recorder_module._state.recorder
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    assert recorder.optimized == {recorder.known(model.weight), recorder.known(model.bias)}
+    assert None not in recorder.optimized
+
+
+def test_nested_captures_each_get_their_own_block():
+    x = torch.ones(2, requires_grad=True)
+    with pytest.raises(RuntimeError):
+        with ja.capture() as outer:
+            a = x * 2
+            with ja.capture() as inner:
+                b = a.exp()
+                c = b * 3
+            b += 1
+            (b + c).sum().backward()
+    assert [op.name for op in inner.ops] == ["Tensor.exp", "Tensor.mul"]
+    assert [op.name for op in outer.ops] == ["Tensor.mul", "Tensor.exp", "Tensor.mul", "Tensor.add_",
+                                             "Tensor.add", "Tensor.sum", "Tensor.backward"]
+    assert [d.kind for d in outer.diagnoses] == ["saved-tensor-modified"] and outer.warnings == []
+    assert inner.warnings == [] and inner.error is None
+    assert inner.tensors[inner.ops[0].outputs[0]].name == "b"
+
+
+def test_a_capture_inside_a_module_forward_keeps_the_outer_module_names():
+    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    with ja.capture(namespace={"net": net}) as outer:
+        with ja.capture(namespace={"net": net}) as inner:
+            net(torch.ones(1, 2))
+        net(torch.ones(1, 2))
+    assert outer.warnings == [] and inner.warnings == []
+    assert [op.module for op in inner.ops if op.name == "F.linear"] == [("net", "net.0")]
+    assert [op.module for op in outer.ops if op.name == "F.linear"] == [("net", "net.0")] * 2
+
+
+def test_namespace_keys_must_be_names():
+    with pytest.raises(TypeError, match="keys must be str"):
+        ja.capture(namespace={1: 2})
+
+
+# -- long loops (item 8) ---------------------------------------------------------------------------
+
+def test_a_long_loop_folds_dead_ops_and_says_so():
+    fold = recorder_module._FOLD_EVERY
+    x = torch.ones(3)
+    w = torch.ones(3, requires_grad=True)
+    with ja.capture() as trace:
+        recorder = recorder_module._state.recorder
+        first = x * 2
+        for i in range(4 * fold):
+            x = x * 1.0
+            if i == 2 * fold:
+                x.add_(1)           # a write: kept
+                loss = (w * x).sum()  # made autograd nodes: kept
+        last = x * 3
+    assert recorder.folded > fold
+    ops = trace.ops
+    assert len(ops) == 4 * fold + 5  # every op keeps its slot
+    assert ops[0].outputs and ops[-1].outputs  # the first and the last are whole
+    assert [op.name for op in ops if op.writes] == ["Tensor.add_"]
+    assert any("folded" in note for note in trace.notes)
+    assert trace.diagnoses == [] and trace.warnings == []
+    assert first is not None and last is not None and loss is not None
+
+
+def _train(steps, retain):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, target = torch.randn(16, 4), torch.randn(16, 1)
+    for _ in range(steps):
+        loss = F.mse_loss(model(x), target)
+        opt.zero_grad()
+        loss.backward(retain_graph=retain)
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("retain", [False, True])
+def test_a_long_training_loop_folds_only_graphs_backward_has_freed(retain):
+    steps = 3 * recorder_module._FOLD_EVERY // 10
+    plain = _train(steps, retain)
+    with ja.capture(namespace={}) as trace:
+        recorder = recorder_module._state.recorder
+        captured = _train(steps, retain)
+    assert _same(plain, captured)
+    with_nodes = [op for op in trace.ops if op.node is not None and not op.is_backward]
+    folded_with_nodes = [op for op in with_nodes if not op.inputs and not op.outputs]
+    if retain:  # a kept graph may be run again: nothing that made it is folded
+        assert folded_with_nodes == []
+    else:
+        assert len(folded_with_nodes) > len(with_nodes) // 3 and recorder.folded >= len(folded_with_nodes)
+        assert all(op.location is not None for op in folded_with_nodes)
+    assert trace.diagnoses == [] and trace.warnings == []
+    linears = [op for op in trace.ops if op.name == "F.linear"]
+    first, last = linears[0], linears[-1]
+    assert first.inputs and first.outputs and last.inputs and last.outputs  # first and last iterations whole
