@@ -127,6 +127,8 @@ class _CellCapture:
         self.magics = magics
         self.args = args
         self.recorder = capture(namespace=[magics.shell.user_ns], check_nan=args.nan)
+        # The traceback stays as without the magic (no note): the widget under it explains it.
+        self.recorder._note_exceptions = False
         self.filename = None
 
     def __enter__(self):
@@ -150,6 +152,7 @@ class _CellCapture:
                 self.magics.shell.user_ns[self.args.output] = trace
             self.magics._show(trace, self.args, self.filename)
         except KeyboardInterrupt:
+            self.recorder.close()  # an interrupt as the capture ended: leave none of its hooks behind
             self.magics._value = None  # a cell that stops keeps nothing of the user's alive
             if exc is None:  # an interrupt during our report still stops "Run All"
                 raise

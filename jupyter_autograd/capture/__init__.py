@@ -42,6 +42,7 @@ class capture:
         if not isinstance(check_nan, bool):
             raise TypeError("capture(check_nan=...) takes True or False, got %r" % (check_nan,))
         self._check_nan = check_nan
+        self._note_exceptions = True  # %%autograd shows the diagnosis in its widget instead
         if isinstance(namespace, dict):
             namespace = [namespace]
         if namespace is not None and not (isinstance(namespace, (list, tuple))
@@ -187,7 +188,8 @@ class capture:
         finally:
             self._recorder = self._outer = self._namespace = None
         if exc is not None:
-            _add_note(exc, self.trace)
+            if self._note_exceptions:
+                _add_note(exc, self.trace)
             _hide_own_frames(exc)
         return False
 

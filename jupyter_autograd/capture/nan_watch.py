@@ -19,11 +19,13 @@ def nonfinite_flags(grads):
     """[(tid, 0-d bool tensor on the gradient's device: some value is NaN or Inf)] without a sync.
     A sum is one reduction with no temporary the size of the gradient; it is non-finite when a
     value is (NaN and Inf propagate) or, for float32 and wider, essentially never otherwise."""
-    with torch.no_grad(), _no_subclass_dispatch():
+    with _no_subclass_dispatch():
         return [(tid, ~torch.isfinite(_total(g))) for tid, g in grads]
 
 
 def _total(g):
+    # Detached, not under no_grad(): a grad-mode switch that an interrupt splits would stay off.
+    g = g.detach()
     if g.is_sparse or g.layout != torch.strided:
         return g.to_dense().sum() if g.is_sparse else g.sum()
     return g.sum(dtype=torch.float32) if g.dtype in (torch.float16, torch.bfloat16) else g.sum()
@@ -38,7 +40,7 @@ def read_flags(flags):
 def _all_finite(tensors) -> bool:
     """Exact, but cheap in the common case: the sum is checked first, the elements only when the
     sum is not finite (an overflowing sum of finite values)."""
-    return all(g is None or bool(torch.isfinite(_total(g))) or bool(torch.isfinite(g).all()) for g in tensors)
+    return all(g is None or bool(torch.isfinite(_total(g))) or bool(torch.isfinite(g.detach()).all()) for g in tensors)
 
 
 class NanWatch:
@@ -70,7 +72,7 @@ class NanWatch:
                 return None
             # Nodes run in order and every earlier node's outputs were finite, so this node's
             # incoming gradients are: the first non-finite output seen is where it starts.
-            with torch.no_grad(), _no_subclass_dispatch():
+            with _no_subclass_dispatch():
                 if _all_finite(grad_inputs):
                     return None
                 self.recorder.nan_origin = (self.backward_index, key, fn.name().rpartition("::")[2],
@@ -95,7 +97,7 @@ def describe_inputs(fn, grad_inputs):
         data = raw.data
         if data is None or not (data.is_floating_point() or data.is_complex()):
             continue
-        values = data.detach()
+        values = data.detach()  # a saved tensor read as data: no graph, no unpack hook
         facts[name] = {
             "shape": tuple(values.shape),
             "zeros": int((values == 0).sum()),

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import bisect
 import os
+import site
 import sys
+import sysconfig
 import threading
 import warnings as _warnings
 import weakref
@@ -27,6 +29,11 @@ from . import nan_watch
 from .graph import byte_range
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+# Installed libraries (transformers, timm, ...): an op inside them is named at the user's line that
+# called into them, as an op inside torch is.
+_LIBRARY_DIRS = tuple(sorted({os.path.join(p, "") for p in
+                              [*site.getsitepackages(), sysconfig.get_paths()["purelib"],
+                               sysconfig.get_paths()["platlib"]] if p}))
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _CAPTURE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _OVERRIDES_FILE = os.path.abspath(torch.overrides.__file__)
@@ -64,6 +71,13 @@ def _recording_apply(cls, *args, **kwargs):
 def _enter_module(module, args):
     recorder = getattr(_state, "recorder", None)
     if recorder is not None and recorder.off is None:
+        if not recorder.module_path and id(module) not in recorder.module_call_sites:
+            # The user's line that called the model (`logits = model(x)`): its name for the model.
+            frame = sys._getframe(1)
+            while frame is not None and _frame_kind(frame.f_code.co_filename):
+                frame = frame.f_back
+            if frame is not None:
+                recorder.module_call_sites[id(module)] = (frame.f_code.co_filename, frame.f_lineno)
         recorder.module_path = recorder.module_path + (module,)
         recorder.modules[id(module)] = module
 
@@ -155,7 +169,7 @@ class Recorder(TorchFunctionMode):
         self.tid_of = {}               # id(tensor) -> tid (check refs: ids are reused)
         self.refs = []                 # per tid: a weak reference to the tensor
         self.last_write = -1           # index of the last op that wrote a tensor
-        self.internal_code = {}        # id(code) -> (code, True when it belongs to torch or to us)
+        self.internal_code = {}        # id(code) -> (code, _USER, _INTERNAL (torch, us) or _LIBRARY (site-packages))
         self.user_globals = {}         # id(dict) -> globals dict of user frames (names, resolved at the end)
         self.node_ranges = []          # (first, end) grad_fn sequence numbers made by an op, and its index
         self.checkpoints = []          # graph snapshots taken before each backward call
@@ -170,11 +184,11 @@ class Recorder(TorchFunctionMode):
         self.nan_origin = None         # with check_nan: where backward first made a NaN/Inf (nan_watch.py)
         self.nonfinite = {}            # at the end: tid -> index of the first backward that left its grad non-finite
         self.param_owner = {}          # at the end: parameter tid -> name of the outermost module that holds it
-        self.optimized = set()         # tids of the parameters of optimizers that stepped in the block
         self.failure = None            # why recording stopped, if it did
         self.off = None                # non-None while recording is paused or after a failure
         self.module_path = ()          # the nn.Modules whose forward is running, outermost first
         self.modules = {}              # id(module) -> module, for naming at the end of the block
+        self.module_call_sites = {}    # id(outermost module) -> (filename, line) of the user's call
         self.op_modules = {}           # op index -> module path, for ops run inside a forward
         self.optimized = set()         # tids of the parameters of every optimizer stepped in the block
         self.too_deep = 0              # calls not recorded: they ran too close to the recursion limit
@@ -303,7 +317,7 @@ class Recorder(TorchFunctionMode):
                         t_id = self._register(out, index, alias_of)
                     out_ids.append(t_id)
                 outputs = tuple(out_ids)
-        frame = sys._getframe(2)
+        frame, library = sys._getframe(2), None
         internal = self.internal_code
         while frame is not None:
             code = frame.f_code
@@ -311,12 +325,16 @@ class Recorder(TorchFunctionMode):
             # holds the code object, so the id cannot be reused while we keep it.
             entry = internal.get(id(code))
             if entry is None:
-                entry = internal[id(code)] = (code, code.co_filename.startswith((_TORCH_DIR, _OWN_DIR)))
+                entry = internal[id(code)] = (code, _frame_kind(code.co_filename))
                 if not entry[1]:
                     self.user_globals.setdefault(id(frame.f_globals), frame.f_globals)
             if not entry[1]:
                 break
+            if entry[1] == _LIBRARY and library is None:
+                library = frame
             frame = frame.f_back
+        if frame is None:  # no user code on the stack (a library's own entry point): its innermost line
+            frame = library
         code, line = (frame.f_code, frame.f_lineno) if frame is not None else (None, 0)
         if self.module_path:
             self.op_modules[index] = self.module_path
@@ -462,8 +480,9 @@ class Recorder(TorchFunctionMode):
         watch = None
         try:
             tensors = _tensors_in(args, kwargs)
-            before = tuple([t._version for t in tensors])
-            self._checkpoint_before_backward(func, args, kwargs)
+            with _hidden_from_subclasses():
+                before = _versions(tensors)
+                self._checkpoint_before_backward(func, args, kwargs)
             if self.check_nan:
                 watch = nan_watch.NanWatch(self, self.checkpoints[-1][0])
                 watch.attach(self.walked_nodes)
@@ -487,8 +506,9 @@ class Recorder(TorchFunctionMode):
             if watch is not None:
                 watch.detach()
         try:
-            self._record(func, tensors, before, result, None, seq)
-            self._note_gradients(func, result)
+            with _hidden_from_subclasses():
+                self._record(func, tensors, before, result, None, seq)
+                self._note_gradients(func, result)
         except Exception as exc:
             self._fail(exc)
         return result
@@ -530,7 +550,7 @@ class Recorder(TorchFunctionMode):
         retain = bool(call.get("create_graph", False)) if retain is None else bool(retain)
         self.retained[len(self.ops)] = retain
         frame = sys._getframe(2)
-        while frame is not None and frame.f_code.co_filename.startswith((_TORCH_DIR, _OWN_DIR)):
+        while frame is not None and _frame_kind(frame.f_code.co_filename):
             frame = frame.f_back
         names = frame_names(frame)
         if names is not None:
@@ -560,6 +580,15 @@ def _bind_backward(func, args, kwargs):
         return sig.bind(*args, **kwargs).arguments
     except TypeError:  # the call itself is wrong: backward will say so
         return {}
+
+
+_USER, _INTERNAL, _LIBRARY = 0, 1, 2
+
+
+def _frame_kind(filename: str) -> int:
+    if filename.startswith((_TORCH_DIR, _OWN_DIR)):
+        return _INTERNAL
+    return _LIBRARY if filename.startswith(_LIBRARY_DIRS) else _USER
 
 
 def frame_names(frame):
