@@ -1,5 +1,7 @@
 import os
 import pathlib
+import signal
+import threading
 
 import pytest
 
@@ -32,3 +34,19 @@ def shell():
     yield ip
     ip.run_line_magic("unload_ext", "jupyter_autograd")
     InteractiveShell.clear_instance()
+
+
+@pytest.fixture(autouse=True)
+def _interrupts_reach_python():
+    """A suite started as a background job inherits an ignored SIGINT, and then the tests that
+    interrupt a cell would wait forever: give each test Python's own handler back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

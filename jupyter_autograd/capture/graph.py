@@ -75,7 +75,7 @@ def take(recorder, roots, op_index, kind, inputs=(), retain=True):
             entry = nodes[key] = [fn.name().rpartition("::")[2], child_keys, variable, [], op_index]
         else:
             entry[4] = op_index
-        if backward is not None and backward not in entry[3]:
+        if backward is not None and (not entry[3] or entry[3][-1] != backward):  # indices only grow
             entry[3].append(backward)
         if entry[2] is not None:
             leaves.append(entry[2])
