@@ -1,7 +1,6 @@
 import os
 import pathlib
 import signal
-import threading
 
 import pytest
 
@@ -36,17 +35,10 @@ def shell():
     InteractiveShell.clear_instance()
 
 
-@pytest.fixture(autouse=True)
-def _interrupts_reach_python():
-    """A suite started as a background job inherits an ignored SIGINT, and then the tests that
-    interrupt a cell would wait forever: give each test Python's own handler back."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if previous == signal.SIG_IGN:
+
+def pytest_configure(config):
+    """A suite started as a background job inherits an ignored SIGINT, and the tests that
+    interrupt a cell would then wait forever: give the session Python's own handler, before
+    anything reads it."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)

@@ -296,23 +296,37 @@ class _InterruptsHeld:
     # The C functions of _signal, not signal's Python wrappers: fewer places to be interrupted.
     def __enter__(self):
         self.previous = self.pending = None
+        self.active = True
         try:
             previous = _signal.getsignal(_signal.SIGINT)
-            if previous is not None:
-                _signal.signal(_signal.SIGINT, self._hold)
-                self.previous = previous
         except (ValueError, OSError, AttributeError):
-            pass
+            return self
+        if previous is None:
+            return self
+        self.previous = previous
+        try:
+            _signal.signal(_signal.SIGINT, self._hold)
+        except (ValueError, OSError):
+            self.previous = None
+        except BaseException:  # an interrupt that arrived just before ours went in: put the old one back
+            _signal.signal(_signal.SIGINT, previous)
+            self.previous = None
+            raise
         return self
 
     def _hold(self, signum, frame):
+        if not self.active:  # left installed by a window that never closed: never swallow an interrupt
+            _signal.default_int_handler(signum, frame)
         self.pending = signum
 
     def __exit__(self, exc_type, exc, tb):
-        previous, self.previous = self.previous, None
+        previous = self.previous
         if previous is None:
+            self.active = False
             return False
-        _signal.signal(_signal.SIGINT, previous)
+        _signal.signal(_signal.SIGINT, previous)  # from here on, an interrupt goes to `previous`
+        self.previous = None
+        self.active = False
         pending, self.pending = self.pending, None
         if pending is not None:
             if callable(previous):
