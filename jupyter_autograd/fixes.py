@@ -49,10 +49,12 @@ def leaf_fix(text: str, name: str) -> str:
 
 
 def accumulation_fix(src: str, linked_name: str, linked_known: bool) -> str:
-    fixed = _replace_name(src, linked_name, linked_name + ".item()") if src and linked_known else ""
+    # .detach(), not .item(): the accumulator stays a tensor, so code that reads it later
+    # (`running_loss.item() / n`) still runs.
+    fixed = _replace_name(src, linked_name, linked_name + ".detach()") if src and linked_known else ""
     if fixed and fixed != src and _is_simple_statement(fixed):
-        return ("Accumulate a Python number instead of the tensor. %s\n%s\n"
-                "(`.detach()` instead of `.item()` if `%s` is not a single number)."
+        return ("Accumulate the value without its graph. %s\n%s\n"
+                "(or a Python number, `%s.item()`, if nothing reads the total as a tensor)."
                 % (REPLACE, code(fixed), _expr(linked_name)))
     return "Accumulate `%s.item()` (a Python number) or `%s.detach()` instead of the tensor." % (
         _expr(linked_name), _expr(linked_name))

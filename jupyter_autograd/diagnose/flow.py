@@ -179,7 +179,10 @@ def graph_cut(trace: Trace) -> List[Diagnosis]:
                 "backward() %s \"element 0 of tensors does not require grad and does not have a grad_fn\". "
                 "Setting `%s.requires_grad = True` would hide the error and train nothing: the chain to the "
                 "parameters is still cut." % ("raised" if backward.error else "will raise", name))))
-        diag = _diag("graph-cut", cut, message, _cut_fix(trace, cut, why), tensor=name, tids=(root,))
+        fix = _cut_fix(trace, cut, why) if not hidden else (
+            "%s remove the line that sets `%s.requires_grad`, and keep the loss connected to the parameters "
+            "(%s)." % (NO_ONE_LINE_FIX, name, why))
+        diag = _diag("graph-cut", cut, message, fix, tensor=name, tids=(root,))
         diag.predicted = True
         out.append(diag)
     return out
