@@ -12,16 +12,13 @@ costs less than anomaly mode on every workload.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run import WORKLOADS  # noqa: E402  (the same training steps as the main benchmark)
+from run import WORKLOADS, interleaved_medians  # noqa: E402  (the main benchmark's steps and timing)
 
 import jupyter_autograd as ja  # noqa: E402
 
@@ -48,18 +45,7 @@ def modes_for(step):
 
 
 def measure(step, reps):
-    modes = modes_for(step)
-    for fn in modes.values():
-        fn()
-    samples = {k: [] for k in modes}
-    order = list(modes)
-    for rep in range(reps):
-        for name in order[rep % len(order):] + order[:rep % len(order)]:
-            gc.collect()
-            start = time.perf_counter()
-            modes[name]()
-            samples[name].append(time.perf_counter() - start)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return interleaved_medians(modes_for(step), reps)
 
 
 def main(argv=None):

@@ -109,8 +109,14 @@ def time_modes(step, reps):
         with torch.autograd.detect_anomaly(check_nan=False):
             step()
 
-    modes = {"plain": plain, "capture": captured, "diagnosed": diagnosed, "anomaly": anomaly}
-    for fn in modes.values():  # warm up
+    return interleaved_medians({"plain": plain, "capture": captured, "diagnosed": diagnosed, "anomaly": anomaly},
+                               reps)
+
+
+def interleaved_medians(modes, reps):
+    """Median seconds per call of each mode, after one warm-up call each; runs interleaved, in a
+    rotating order, so drift on a shared machine hits all modes alike."""
+    for fn in modes.values():
         fn()
     samples = {k: [] for k in modes}
     order = list(modes)

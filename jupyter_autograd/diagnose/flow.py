@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Set
 
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, code, line_ref, where
 from ..model import Checkpoint, Diagnosis, OpRecord, Trace
-from .paths import ancestors, descendants, engine_order, exit_before, first_use, is_cut, node_at
+from .paths import ancestors, descendants, engine_order, exit_before, first_use, is_cut, leading_to, node_at
 
 _NO_GRAD_FN = "does not require grad and does not have a grad_fn"
 _UNUSED_INPUT = re.compile(r"ifferentiated Tensors? (?:at index (\d+) )?appears? to not have been used in the graph")
@@ -113,17 +113,7 @@ def _link_into_freed(trace: Trace, order: List[int], first: int, freed_by):
     """(op, carried tensor, freeing backward) for the edge where this call's own graph enters the
     freed one on the way to the first freed node backward meets."""
     nodes = trace.nodes
-    leads_to_first: Set[int] = set()
-    parents: Dict[int, List[int]] = {}
-    for key in order:
-        for child in nodes[key].inputs:
-            parents.setdefault(child, []).append(key)
-    stack = [first]
-    while stack:
-        key = stack.pop()
-        if key not in leads_to_first:
-            leads_to_first.add(key)
-            stack.extend(parents.get(key, ()))
+    leads_to_first = leading_to(trace, order, [first])
     best = None
     for key in order:
         if freed_by(key) is not None or key < 0:

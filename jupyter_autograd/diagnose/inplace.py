@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..fixes import accumulation_fix, data_fix, describe_write, inplace_fix, leaf_fix, line_ref, where
 from ..model import Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
-from .paths import engine_order
+from .paths import engine_order, reachable
 
 _LEAF_ERRORS = ("leaf Variable that requires grad is being used in an in-place operation",)
 
@@ -65,7 +65,7 @@ def _saved_tensor_writes(trace: Trace, ranks: Dict[int, tuple]) -> List[Diagnosi
         if cp.kind == "backward":
             position = {key: i for i, key in enumerate(engine_order(trace, cp))}
         else:  # the graphs of live tensors that no backward ran from
-            position = {key: -key for key in _reachable(trace, [r for r in cp.roots if r in trace.nodes
+            position = {key: -key for key in reachable(trace, [r for r in cp.roots if r in trace.nodes
                                                                 and not trace.nodes[r].consumed_by])}
         for slot in cp.slots:
             if slot.freed or slot.byte_range is None or slot.node not in position:
@@ -97,16 +97,6 @@ def _saved_tensor_writes(trace: Trace, ranks: Dict[int, tuple]) -> List[Diagnosi
             found[key] = _saved_diagnosis(trace, kind, cp, slot, node, saved_op, culprit, affected)
             ranks[id(found[key])] = rank
     return _merge_same_write(trace, list(found.values()), ranks)
-
-
-def _reachable(trace: Trace, roots: List[int]) -> set:
-    seen, stack = set(), list(roots)
-    while stack:
-        key = stack.pop()
-        if key not in seen and key in trace.nodes:
-            seen.add(key)
-            stack.extend(trace.nodes[key].inputs)
-    return seen
 
 
 def _merge_same_write(trace: Trace, diagnoses: List[Diagnosis], ranks: Dict[int, tuple]) -> List[Diagnosis]:

@@ -18,27 +18,9 @@ def engine_order(trace: Trace, cp: Checkpoint) -> List[int]:
     every node that feeds it has run, the highest sequence number first among the ready ones
     (AccumulateGrad, which has none, first of all)."""
     nodes = trace.nodes
-    reach: Set[int] = set()
-    stack = [r for r in cp.roots if r in nodes]
-    while stack:
-        key = stack.pop()
-        if key in reach:
-            continue
-        reach.add(key)
-        stack.extend(k for k in nodes[key].inputs if k in nodes and k not in reach)
+    reach = reachable(trace, cp.roots)
     if cp.inputs:
-        parents: Dict[int, List[int]] = {}
-        for key in reach:
-            for child in nodes[key].inputs:
-                parents.setdefault(child, []).append(key)
-        needed: Set[int] = set()
-        stack = [k for k in cp.inputs if k in reach]
-        while stack:
-            key = stack.pop()
-            if key not in needed:
-                needed.add(key)
-                stack.extend(parents.get(key, ()))
-        reach = needed
+        reach = leading_to(trace, reach, cp.inputs)
     waiting: Dict[int, int] = {}
     for key in reach:
         for child in set(nodes[key].inputs):
@@ -56,6 +38,35 @@ def engine_order(trace: Trace, cp: Checkpoint) -> List[int]:
                 if waiting[child] == 0:
                     heapq.heappush(ready, (-_priority(child), child))
     return order
+
+
+def reachable(trace: Trace, roots: Iterable[int]) -> Set[int]:
+    """The nodes reachable from `roots` through next_functions (the roots included)."""
+    seen: Set[int] = set()
+    stack = [r for r in roots if r in trace.nodes]
+    while stack:
+        key = stack.pop()
+        if key not in seen:
+            seen.add(key)
+            stack.extend(k for k in trace.nodes[key].inputs if k in trace.nodes and k not in seen)
+    return seen
+
+
+def leading_to(trace: Trace, within: Iterable[int], targets: Iterable[int]) -> Set[int]:
+    """The nodes of `within` from which one of `targets` can be reached (the targets included)."""
+    within = set(within)
+    parents: Dict[int, List[int]] = {}
+    for key in within:
+        for child in trace.nodes[key].inputs:
+            parents.setdefault(child, []).append(key)
+    found: Set[int] = set()
+    stack = [k for k in targets if k in within]
+    while stack:
+        key = stack.pop()
+        if key not in found:
+            found.add(key)
+            stack.extend(parents.get(key, ()))
+    return found
 
 
 def _priority(key: int) -> float:
