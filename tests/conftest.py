@@ -35,10 +35,16 @@ def shell():
     InteractiveShell.clear_instance()
 
 
-
 def pytest_configure(config):
     """A suite started as a background job inherits an ignored SIGINT, and the tests that
     interrupt a cell would then wait forever: give the session Python's own handler, before
     anything reads it."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The browser tests last: pytest-playwright keeps its sync API's asyncio loop running for
+    the rest of the session, and IPython's top-level await (tests/test_magic_invisible.py) would
+    then find that loop already running."""
+    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)

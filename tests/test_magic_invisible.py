@@ -87,6 +87,7 @@ def test_a_future_import_in_the_cell_works_and_stays_with_the_shell(shell):
 def test_top_level_await(shell):
     body = "import asyncio\nawait asyncio.sleep(0)\nvalue = await asyncio.sleep(0, result=41)\nvalue + 1\n"
     plain, magic = plain_and_magic(shell, body)
+    assert plain.result.result == 42, plain.text
     assert_same(plain, magic)
     assert magic.result.result == 42
 
