@@ -603,6 +603,12 @@ def test_a_long_loop_folds_dead_ops_and_says_so():
     assert ops[0].outputs and ops[-1].outputs  # the first and the last are whole
     assert [op.name for op in ops if op.writes] == ["Tensor.add_"]
     assert any("folded" in note for note in trace.notes)
+    # Tensors that only folded ops made and used are left out of the trace; those that kept
+    # records mention are all there, with their names.
+    assert len(trace.tensors) < len(ops) - recorder.folded + 10
+    mentioned = {t for op in ops for t in op.inputs + op.outputs}
+    assert mentioned <= set(trace.tensors)
+    assert {trace.tensors[t].name for t in ops[-1].outputs} == {"last"}
     assert trace.diagnoses == [] and trace.warnings == []
     assert first is not None and last is not None and loss is not None
 
@@ -639,3 +645,66 @@ def test_a_long_training_loop_folds_only_graphs_backward_has_freed(retain):
     linears = [op for op in trace.ops if op.name == "F.linear"]
     first, last = linears[0], linears[-1]
     assert first.inputs and first.outputs and last.inputs and last.outputs  # first and last iterations whole
+
+
+def _train_with_a_data_write(steps, planted_at):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, target = torch.randn(16, 4), torch.randn(16, 1)
+    for step in range(steps):
+        loss = F.mse_loss(model(x), target)
+        if step == planted_at:
+            model[2].weight.data.mul_(0.5)  # PLANTED: after the forward saved it
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_long_training_loop_keeps_the_backward_calls_that_matter(planted):
+    """Backward calls that found nothing lose their saved-tensor slots; the first one, the
+    latest ones and one whose saved bytes were written (a silent .data write in the middle of
+    the loop, long folded) keep theirs, and the write is still diagnosed at its line."""
+    steps = 4 * recorder_module._FOLD_EVERY // 10
+    planted_at = steps // 2 if planted else -1
+    with ja.capture(namespace={}) as trace:
+        recorder = recorder_module._state.recorder
+        model = _train_with_a_data_write(steps, planted_at)
+    backward = [cp for cp in trace.checkpoints if cp.kind == "backward"]
+    assert len(backward) == steps
+    emptied = [i for i, cp in enumerate(backward) if not cp.slots]
+    assert recorder.folded_backwards == len(emptied) > steps // 3
+    assert 0 not in emptied and steps - 1 not in emptied  # the first and the latest stay whole
+    assert any("backward calls that found nothing" in note for note in trace.notes)
+    assert trace.warnings == []
+    if planted:
+        assert planted_at not in emptied
+        [found] = trace.diagnoses
+        assert found.kind == "silent-data-mutation"
+        assert found.source == "model[2].weight.data.mul_(0.5)" and found.tensor == "model.2.weight"
+    else:
+        assert trace.diagnoses == []
+    assert model is not None
+
+
+def test_a_folded_node_met_again_by_a_later_backward():
+    """A graph carried past many folded windows: its nodes were compacted after the first
+    backward freed them; the second backward through them is still predicted as graph-freed."""
+    fold = recorder_module._FOLD_EVERY
+    w = torch.ones(3, requires_grad=True)
+    x = torch.ones(3)
+    with ja.capture(namespace={}) as trace:
+        recorder = recorder_module._state.recorder
+        h = w * w
+        carried = h * 3
+        del h
+        carried.sum().backward()
+        for _ in range(4 * fold):
+            x = x * 1.0
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            carried.sum().backward()  # SECOND
+    assert recorder.folded > fold
+    assert [d.kind for d in trace.diagnoses] == ["graph-freed"]
+    assert trace.warnings == []

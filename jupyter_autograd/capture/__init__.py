@@ -404,6 +404,11 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
                                    "nothing, whose results were gone and whose autograd nodes, if any, a "
                                    "backward had already run and freed; they keep their name, line and "
                                    "nodes, not their tensors." % recorder.folded)
+            folded_backwards = recorder.__dict__.get("folded_backwards", 0)
+            if folded_backwards:
+                trace.notes.append("The saved tensors of %d backward calls that found nothing (each freed its "
+                                   "graph, and nothing it saved was changed) were not kept; the first and the "
+                                   "latest calls keep theirs." % folded_backwards)
             if STACK_RAISED[0] and len(trace.nodes) > DEEP_GRAPH:
                 trace.notes.append("This graph is deep: to keep PyTorch from crashing when it frees it, the "
                                    "process's stack limit was raised from %d to %d bytes." % STACK_RAISED[0])

@@ -201,7 +201,7 @@ def build_trace(recorder, live, names, error: Optional[str] = None) -> Trace:
         trace = Trace()
         trace.error = error
         locations = _locations(recorder, trace)
-        _tensors(recorder, trace, live)
+        _tensors(recorder, trace, live, names)
         _ops(recorder, trace, locations)
         _graph(recorder, trace)
         _names(trace, names)
@@ -241,9 +241,11 @@ def _without_comment(line: str) -> str:
     return line
 
 
-def _tensors(recorder, trace, live):
+def _tensors(recorder, trace, live, names_found):
     names: Dict[object, str] = {}
-    for t_id, meta in enumerate(recorder.tensor_meta):
+    metas = recorder.tensor_meta
+    wanted = _referenced_tensors(recorder, live, names_found) if recorder.folded else None
+    for t_id, meta in enumerate(metas) if wanted is None else ((t, metas[t]) for t in sorted(wanted)):
         shape, dtype, device, requires_grad, is_leaf, created_by, base, alias_of = meta
         dtype_name = names.get(dtype) or names.setdefault(dtype, str(dtype).replace("torch.", ""))
         device_name = names.get(device) or names.setdefault(device, str(device))
@@ -258,6 +260,29 @@ def _tensors(recorder, trace, live):
             t = ref()
             info.grad = _grad_summary(t) if t is not None else None
         trace.tensors[t_id] = info
+
+
+def _referenced_tensors(recorder, live, names_found) -> set:
+    """After folding, the tensors anything kept still mentions. The others were made and used
+    only by folded ops (whose records no longer list them): a long loop leaves millions."""
+    wanted = set(live) | set(names_found) | set(recorder.param_owner) | set(recorder.optimized)
+    wanted |= set(recorder.nonfinite)
+    for rec in recorder.ops:
+        if rec[OP_IN] or rec[OP_OUT]:
+            wanted.update(rec[OP_IN])
+            wanted.update(rec[OP_OUT])
+    for cp in recorder.checkpoints:
+        wanted.update(s[2] for s in cp[3] if s[2] is not None)
+        wanted.update(t for t, _ in cp[4])
+    wanted.update(e[2] for e in recorder.graph_nodes.values() if e[2] is not None)
+    metas, todo = recorder.tensor_meta, list(wanted)
+    while todo:  # the bases and `.data` sources of those, and theirs
+        meta = metas[todo.pop()]
+        for other in (meta[6], meta[7]):
+            if other is not None and other not in wanted:
+                wanted.add(other)
+                todo.append(other)
+    return wanted
 
 
 def _plain_shape(shape) -> tuple:

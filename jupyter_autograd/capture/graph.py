@@ -26,6 +26,19 @@ def node_key(node, recorder):
     return node._sequence_nr()
 
 
+def _node_name(node):
+    """MulBackward0, AccumulateGrad, ...: one string per node type, shared by all its nodes (a
+    long loop makes millions of nodes)."""
+    cls = type(node)
+    name = _node_names.get(cls)
+    if name is None:
+        name = _node_names[cls] = node.name().rpartition("::")[2]
+    return name
+
+
+_node_names = {}
+
+
 def saved_names(node):
     """Per node type: (slot name, attribute with the raw saved tensor, attribute that checks it)."""
     cls = type(node)
@@ -72,7 +85,9 @@ def take(recorder, roots, op_index, kind, inputs=(), retain=True):
         if entry is None:
             variable = recorder._tid(fn.variable) if type(fn) is _ACCUMULATE_GRAD else None
             child_keys = [None if c is None else node_key(c, recorder) for c in children]
-            entry = nodes[key] = [fn.name().rpartition("::")[2], child_keys, variable, [], op_index]
+            entry = nodes[key] = [_node_name(fn), child_keys, variable, [], op_index]
+        elif type(entry) is tuple:  # compacted by the recorder's folding: a later walk met it again
+            entry = nodes[key] = [entry[0], list(entry[1]), entry[2], list(entry[3]), op_index]
         else:
             entry[4] = op_index
         if backward is not None and (not entry[3] or entry[3][-1] != backward):  # indices only grow

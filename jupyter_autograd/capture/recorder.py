@@ -393,10 +393,16 @@ class Recorder(TorchFunctionMode):
         window: the first and the last iterations of a loop stay whole."""
         ops, refs, metas, shared = self.ops, self.refs, self.tensor_meta, self._folded_records()
         shapes = self._shapes()
+        tuples = self.__dict__.setdefault("shared_tuples", {})
         op_modules, nodes, freeing = self.op_modules, self.graph_nodes, self.freeing_backwards
         folded = 0
         for index in range(self.folded_upto, upto):
             rec = ops[index]
+            if rec[OP_WR] is not None and rec[OP_ERR] is None and rec[OP_SEQ] is None:
+                # A write keeps its record, but an optimizer writes the same parameters at every
+                # step: the tuples naming them are shared between steps.
+                ops[index] = rec[:6] + (_shared(tuples, rec[OP_OUT]), None, _shared(tuples, rec[OP_WR])) + rec[9:]
+                continue
             if (rec[OP_WR] is not None or rec[OP_ERR] is not None or rec[OP_FUNC] == _DATA_GETTER
                     or rec[OP_FUNC] in _BACKWARD_FUNCS):
                 continue
@@ -409,6 +415,9 @@ class Recorder(TorchFunctionMode):
                 if not all(e is not None and any(b in freeing for b in e[3]) for e in entries):
                     continue
                 small = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], (), (), (), (), seq, None, rec[OP_GRAD], None)
+                for key, e in zip(range(seq[0], seq[1]), entries):
+                    if type(e) is list:  # tuples: smaller, and graph.take makes a list again if needed
+                        nodes[key] = (e[0], tuple(e[1]), e[2], tuple(e[3]), e[4])
             else:
                 key = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], rec[OP_GRAD])
                 small = shared.get(key)
@@ -424,8 +433,41 @@ class Recorder(TorchFunctionMode):
                 metas[t] = (shape,) + meta[1:]
             folded += 1
         self.folded += folded
+        self._fold_checkpoints(upto)
         self.folded_upto = upto
         self.fold_at = upto + 2 * _FOLD_EVERY
+
+    def _fold_checkpoints(self, upto):
+        """Drop the saved-tensor slots of backward calls before `upto` that found nothing: the
+        call freed its graph, no slot was stale or freed, and no write since the slots' nodes
+        were made overlaps a slot's bytes (a silent `.data` write). Such slots can never take
+        part in a diagnosis; the call keeps its roots, inputs and retain flag. The first
+        backward of the block stays whole, like the first window of ops."""
+        ops, cps, freeing = self.ops, self.checkpoints, self.freeing_backwards
+        writes = self.__dict__.setdefault("write_positions", [])  # op indices that wrote, in order
+        for index in range(self.folded_upto, upto):
+            if ops[index][OP_WR] is not None:
+                writes.append(index)
+        at = max(1, self.__dict__.get("checkpoints_folded", 1))
+        dropped = 0
+        while at < len(cps) and cps[at][0] < upto:
+            cp = cps[at]
+            at += 1
+            slots = cp[3]
+            if not slots or cp[0] not in freeing or any(s[7] or s[8] for s in slots):
+                continue
+            made = [self.op_of_seq(s[0]) if s[0] >= 0 else None for s in slots]
+            since = 0 if None in made else min(made)
+            ranges = [s[9] for s in slots if s[9] is not None]
+            first = bisect.bisect_left(writes, since)
+            last = bisect.bisect_left(writes, cp[0])
+            if ranges and any(w[1] is not None and any(w[1][0] < hi and lo < w[1][1] for lo, hi in ranges)
+                              for index in writes[first:last] for w in ops[index][OP_WR]):
+                continue
+            cps[at - 1] = cp[:3] + ((),) + cp[4:]
+            dropped += 1
+        self.checkpoints_folded = at
+        self.folded_backwards = self.__dict__.get("folded_backwards", 0) + dropped
 
     def _folded_records(self):
         shared = self.__dict__.get("folded_records")
@@ -469,7 +511,8 @@ class Recorder(TorchFunctionMode):
         part.freeing_backwards = {i - start for i in self.freeing_backwards if i >= start}
         part.too_deep = part.folded = 0
         part.folded_upto = part.fold_at = sys.maxsize  # nothing more is recorded into it
-        for name in ("pointer_index", "pointer_indexed", "folded_records", "interned_shapes"):
+        for name in ("pointer_index", "pointer_indexed", "folded_records", "interned_shapes", "shared_tuples", "write_positions",
+                     "checkpoints_folded", "folded_backwards"):
             part.__dict__.pop(name, None)
         return part
 
@@ -566,6 +609,13 @@ class Recorder(TorchFunctionMode):
 
 
 _signatures = {}
+
+
+def _shared(cache, value):
+    """One tuple for equal tuples of tids (folding keeps equal records once)."""
+    if not value:
+        return value
+    return cache.setdefault(value, value)
 
 
 def _bind_backward(func, args, kwargs):
