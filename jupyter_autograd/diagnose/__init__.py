@@ -16,7 +16,8 @@ _ORDER = {kind: i for i, kind in enumerate(PROBLEM_KINDS)}
 def diagnose(trace: Trace) -> List[Diagnosis]:
     ranks: Dict[int, tuple] = {}
     saved = inplace._saved_tensor_writes(trace, ranks)
-    found = (inplace._leaf_inplace(trace) + saved + inplace._accumulated_graphs(trace) + flow.graph_freed(trace)
+    found = (inplace._leaf_inplace(trace) + saved + inplace._accumulated_graphs(trace) + inplace._retained_history(trace)
+             + flow.graph_freed(trace)
              + flow.graph_cut(trace) + flow.missing_grad(trace) + flow.nan_gradient(trace))
     # Within a kind: leaf writes in the order they ran; saved-tensor problems in the order backward
     # meets them; the rest in the order of their lines.

@@ -9,7 +9,8 @@ from __future__ import annotations
 import bisect
 from typing import Dict, List, Optional, Tuple
 
-from ..fixes import accumulation_fix, data_fix, describe_write, inplace_fix, leaf_fix, line_ref, where
+from ..fixes import (NO_ONE_LINE_FIX, accumulation_fix, code, data_fix, describe_write, inplace_fix, leaf_fix,
+                     line_ref, where)
 from ..model import Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
 from .paths import engine_order, reachable
 
@@ -271,6 +272,67 @@ def _accumulated_graphs(trace: Trace) -> List[Diagnosis]:
         diag = _diag(trace, "accumulated-graph", op, message, fix, tensor=name,
                      tids=tuple(t for t in (op.outputs[:1] + (linked,)) if t is not None))
         diag.node_key, diag.node = op.node, nodes[op.node].name if op.node in nodes else None
+        out.append(diag)
+    return out
+
+
+def _retained_history(trace: Trace) -> List[Diagnosis]:
+    """The usual wrong fix for "backward through the graph a second time": a loop carries a
+    tensor from one iteration into the next (`h = cell(x, h)`) and every backward keeps the graph
+    (`retain_graph=True`). Nothing raises, but each backward runs again through every earlier
+    iteration. Seen in the graph: a node made by a line is run by three or more backward calls,
+    and the same line ran again between those calls, making nodes that later calls run again
+    too. Two or three losses on one trunk re-run its nodes within one iteration, with no new
+    execution of the trunk's lines in between: not this."""
+    nodes = trace.nodes
+    made_by_line: Dict[object, List[Tuple[int, int]]] = {}
+    for key, node in nodes.items():
+        if node.variable is not None or node.created_by is None or len(node.consumed_by) < 2:
+            continue
+        op = trace.ops[node.created_by]
+        if op.location is not None and not op.is_backward:
+            made_by_line.setdefault(op.location, []).append((node.created_by, key))
+    out = []
+    for loc, made in made_by_line.items():
+        made.sort()
+        first_op, first_key = made[0]
+        runs = sorted(nodes[first_key].consumed_by)
+        if len(runs) < 3:
+            continue
+        again = [(i, k) for i, k in made if runs[0] < i < runs[-1] and len(nodes[k].consumed_by) >= 2]
+        if len({nodes[k].consumed_by[0] for _, k in again}) < 2:
+            continue  # the line ran again, but its new nodes were not re-run across iterations
+        if runs[-1] != max(max(nodes[k].consumed_by) for _, k in made):
+            continue  # the history is cut somewhere (a detach every k steps): it does not grow
+        op = trace.ops[again[-1][0]]
+        last_backward = trace.ops[runs[-1]]
+        name = _assigned_name(trace, op)
+        label = name or trace.tensor_label(op.outputs[0] if op.outputs else None)
+        message = (
+            "`%s` carries the autograd graph of every earlier iteration into the next one, and the graph is "
+            "kept with `retain_graph=True`: each backward() runs again through all earlier iterations. The "
+            "nodes that %s made in its first execution were run by %d backward calls (the last at %s). Nothing "
+            "raises, but every step is slower than the one before, memory grows with each iteration, and "
+            "each step's gradients count the earlier iterations again." % (
+                label, where(trace.ops[first_op]).replace("Line", "line", 1), len(runs), line_ref(last_backward)))
+        if name and all(part.isidentifier() for part in name.split(".")):
+            fix = ("%s detach the carried state at the start of each iteration (truncated backpropagation "
+                   "through time), so each backward runs only its own iteration's graph:\n%s\n"
+                   "then drop `retain_graph=True` from the backward call: it is needed only where two backward "
+                   "calls run through the same graph on purpose." % (
+                       NO_ONE_LINE_FIX, code("%s = %s.detach()" % (name, name))))
+        else:
+            fix = ("%s detach the carried tensor (`.detach()`) at the start of each iteration and drop "
+                   "`retain_graph=True` from the backward call." % NO_ONE_LINE_FIX)
+        diag = _diag(trace, "accumulated-graph", op, message, fix, tensor=label,
+                     tids=op.outputs[:1])
+        if last_backward.location is not None:
+            diag.saved_line, diag.saved_filename, diag.saved_source = (
+                last_backward.location.line, last_backward.location.filename, last_backward.location.source)
+        diag.saved_op_index = last_backward.index
+        first_node = trace.ops[first_op].node
+        diag.node_key = first_node if first_node in nodes else first_key
+        diag.node = nodes[diag.node_key].name
         out.append(diag)
     return out
 
