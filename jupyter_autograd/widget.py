@@ -159,8 +159,9 @@ class AutogradWidget(anywidget.AnyWidget):
         if d.op_index is not None:
             nodes.append(layout.write_id(d.op_index))
         nodes = list(dict.fromkeys(nodes))
-        known = {row[0] for row in self.scene.get("items", [])}
-        self.highlight_nodes = [n for n in nodes if n in known] or nodes
+        kinds = {row[0]: row[1] for row in self.scene.get("items", [])}
+        nodes.sort(key=lambda n: kinds.get(n) != "cut")  # a cut is what the card is about: selected first
+        self.highlight_nodes = [n for n in nodes if n in kinds] or nodes
         self.highlight_lines = [n for n in (d.line, d.saved_line) if n]
         if self.highlight_nodes:
             self.selected = self.highlight_nodes[0]
@@ -257,6 +258,10 @@ class AutogradWidget(anywidget.AnyWidget):
                 ["grad mode", "enabled" if op.grad_enabled else "disabled (torch.no_grad)"]]
         if op.error:
             rows.append(["raised", op.error.splitlines()[0]])
+        if any(row[0] == "op%d" % index and row[1] == "cut" for row in self.scene.get("items", [])):
+            cut_for = [d.tensor for d in trace.diagnoses if d.op_index == index and d.tensor and d.kind == "graph-cut"]
+            rows.append(["chain cut", "its result has no grad_fn: backward%s stops here, and nothing before this "
+                         "line gets a gradient through it" % (" from `%s`" % cut_for[0] if cut_for else "")])
         writes = [[trace.tensor_label(tid), str(op.versions_before[op.inputs.index(tid)]),
                    str(op.versions_after[op.inputs.index(tid)])] for tid in op.writes if tid in op.inputs]
         return {"kind": "op", "title": "%s (%s)" % (op.name, self._line_of(op)), "rows": rows,

@@ -9,18 +9,37 @@ are removed as soon as the backward call returns or raises.
 """
 from __future__ import annotations
 
+import gc
+import math
+
 import torch
 
 _ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
 _no_subclass_dispatch = torch._C.DisableTorchFunctionSubclass
+_Tensor = torch.Tensor
+_STRIDED = torch.strided
+_SUMMED = frozenset((torch.float32, torch.float64))  # summed and read in the hook (CPU only)
 
 
 def nonfinite_flags(grads):
     """[(tid, 0-d bool tensor on the gradient's device: some value is NaN or Inf)] without a sync.
-    A sum is one reduction with no temporary the size of the gradient; it is non-finite when a
-    value is (NaN and Inf propagate) or, for float32 and wider, essentially never otherwise."""
+    The smallest and the largest value, one reduction with no temporary the size of the gradient:
+    NaN propagates to both, an Inf is one of them, and unlike a sum they cannot overflow (large
+    finite gradients are not NaN)."""
     with _no_subclass_dispatch():
-        return [(tid, ~torch.isfinite(_total(g))) for tid, g in grads]
+        return [(tid, _nonfinite(g)) for tid, g in grads]
+
+
+def _nonfinite(g):
+    g = g.detach()
+    if g.layout != torch.strided:  # sparse COO, CSR and friends, jagged nested tensors: their values
+        g = g._values() if g.is_sparse else g.values()
+    if g.is_complex():
+        g = torch.view_as_real(g)
+    if g.numel() == 0:
+        return torch.zeros((), dtype=torch.bool, device=g.device)
+    low, high = torch.aminmax(g)
+    return torch.isnan(low * 0 + high * 0)  # 0 * Inf and 0 * NaN are NaN, 0 * a finite value is 0
 
 
 def _total(g):
@@ -45,48 +64,118 @@ def _all_finite(tensors) -> bool:
 
 class NanWatch:
     """Post-hooks on the nodes of one backward call; the first node that makes a non-finite
-    gradient out of finite ones is stored in recorder.nan_origin."""
+    gradient out of finite ones is stored in recorder.nan_origin.
+
+    What one hook costs is what check_nan costs (a few thousand nodes in a recurrent chain), so
+    the common case is one reduction and one float per gradient: a CPU float32/float64 gradient
+    is summed and the sum read (no sync on a CPU); only a sum that is not finite (NaN, Inf, or a
+    sum of finite values that overflowed) is looked at element by element. A gradient on another
+    device is never read in the hook, which would wait for the device at every node: its flag
+    (not finite) stays a device tensor, and the flags are read together, once, when the backward
+    call returns (every later node of the call takes the same path, so the order still decides). For those nodes the saved inputs that explain a NaN (FACT_NODES) are kept until
+    then, as the node frees them once it ran."""
 
     def __init__(self, recorder, backward_index):
         self.recorder = recorder
         self.backward_index = backward_index
         self.handles = []
+        self.deferred = []  # (node, [device flags: gradient not finite], saved values), in the order nodes ran
 
     def attach(self, nodes):
-        from .graph import node_key
-
-        for fn in nodes:
-            if type(fn) is _ACCUMULATE_GRAD:
-                continue
-            key = node_key(fn, self.recorder)
-            self.handles.append(fn.register_hook(self._hook_for(fn, key)))
+        # A closure and a handle per node, thousands of them: a collection of the whole heap (the
+        # recording) that they set off in the middle costs more than all of them (see build.py).
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            handles, hook_for = self.handles, self._hook_for
+            for fn in nodes:
+                if type(fn) is not _ACCUMULATE_GRAD:
+                    handles.append(fn.register_hook(hook_for(fn)))
+        finally:
+            if enabled:
+                gc.enable()
 
     def detach(self):
+        """Remove the hooks; then read the device flags of the call, if any (one wait per device)."""
         handles, self.handles = self.handles, []
         for handle in handles:
             handle.remove()
+        deferred, self.deferred = self.deferred, []
+        if deferred and self.recorder.nan_origin is None:
+            with _no_subclass_dispatch():
+                self._read_deferred(deferred)
 
-    def _hook_for(self, fn, key):
+    def _hook_for(self, fn):
         def hook(grad_inputs, grad_outputs):
             if self.recorder.nan_origin is not None:
                 return None
+            if self.deferred:  # an earlier node's flags are unread: this one cannot be judged alone
+                with _no_subclass_dispatch():
+                    return self._defer(fn, grad_inputs)
             # Nodes run in order and every earlier node's outputs were finite, so this node's
             # incoming gradients are: the first non-finite output seen is where it starts.
-            with _no_subclass_dispatch():
-                if _all_finite(grad_inputs):
-                    return None
-                self.recorder.nan_origin = (self.backward_index, key, fn.name().rpartition("::")[2],
-                                            describe_inputs(fn, grad_inputs))
+            for g in grad_inputs:
+                if g is None:
+                    continue
+                if type(g) is _Tensor and g.is_cpu and g.dtype in _SUMMED and g.layout is _STRIDED:
+                    if math.isfinite(g.detach().sum() if g.requires_grad else g.sum()):
+                        continue
+                    with _no_subclass_dispatch():
+                        if bool(torch.isfinite(g.detach()).all()):  # an overflowing sum of finite values
+                            continue
+                    return self._found(fn, grad_inputs)
+                with _no_subclass_dispatch():
+                    if not g.is_cpu:
+                        return self._defer(fn, grad_inputs)
+                    if not _all_finite((g,)):
+                        return self._found(fn, grad_inputs)
             return None
         return hook
+
+    def _found(self, fn, grad_inputs):
+        with _no_subclass_dispatch():
+            self.recorder.nan_origin = (self.backward_index, fn._sequence_nr(), _short_name(fn),
+                                        describe_inputs(fn, grad_inputs))
+
+    def _defer(self, fn, grad_inputs):
+        flags = [_nonfinite(g) for g in grad_inputs if g is not None]
+        saved = saved_values(fn) if _short_name(fn).rstrip("0123456789").removesuffix("Backward") in FACT_NODES else ()
+        self.deferred.append((fn, flags, saved))
+
+    def _read_deferred(self, deferred):
+        by_device = {}
+        for _, flags, _ in deferred:
+            for flag in flags:
+                by_device.setdefault(flag.device, []).append(flag)
+        read = {device: iter(torch.stack(flags).tolist()) for device, flags in by_device.items()}
+        for fn, flags, saved in deferred:
+            bad = [next(read[flag.device]) for flag in flags]
+            if any(bad):
+                self.recorder.nan_origin = (self.backward_index, fn._sequence_nr(), _short_name(fn),
+                                            describe(saved, bad.count(True), fn))
+                return
+
+
+def _short_name(fn):
+    return fn.name().rpartition("::")[2]
+
+
+# The nodes whose saved inputs explain a NaN (diagnose/flow.py's table of causes): Sqrt, Log, ...
+FACT_NODES = frozenset(("Sqrt", "Rsqrt", "Log", "Div", "Pow", "LinalgVectorNorm", "Norm", "Acos", "Asin"))
 
 
 def describe_inputs(fn, grad_inputs):
     """What the node saved, summarised where it explains a non-finite gradient: for each saved
     tensor, how many values are 0, negative, or +-1, and a few of them. Never runs an unpack hook."""
+    bad = sum(1 for g in grad_inputs if g is not None and not bool(torch.isfinite(g).all()))
+    return describe(saved_values(fn), bad, fn)
+
+
+def saved_values(fn):
+    """[(slot, the saved floating tensor, read as data)] while the node still holds them."""
     from .graph import saved_names
 
-    facts = {"bad_outputs": sum(1 for g in grad_inputs if g is not None and not bool(torch.isfinite(g).all()))}
+    values = []
     for name, raw_attr, check_attr in saved_names(fn):
         try:
             raw = getattr(fn, raw_attr)
@@ -97,7 +186,13 @@ def describe_inputs(fn, grad_inputs):
         data = raw.data
         if data is None or not (data.is_floating_point() or data.is_complex()):
             continue
-        values = data.detach()  # a saved tensor read as data: no graph, no unpack hook
+        values.append((name, data.detach()))  # a saved tensor read as data: no graph, no unpack hook
+    return values
+
+
+def describe(saved, bad_outputs, fn):
+    facts = {"bad_outputs": bad_outputs}
+    for name, values in saved:
         facts[name] = {
             "shape": tuple(values.shape),
             "zeros": int((values == 0).sum()),

@@ -18,6 +18,7 @@ from .paths import ancestors, descendants, engine_order, exit_before, first_use,
 _NO_GRAD_FN = "does not require grad and does not have a grad_fn"
 _UNUSED_INPUT = re.compile(r"ifferentiated Tensors? (?:at index (\d+) )?appears? to not have been used in the graph")
 _MOVES = {"to", "cuda", "cpu", "double", "float", "half", "bfloat16", "type", "long", "int", "mps", "xpu"}
+_COPIES = _MOVES | {"clone", "contiguous"}  # ops whose result the user takes for the tensor itself
 
 
 def _diag(kind: str, op: Optional[OpRecord], message: str, fix: str, tensor=None, tids=()) -> Diagnosis:
@@ -277,12 +278,10 @@ def _moved_leaves(trace: Trace) -> List[Diagnosis]:
     for info in trace.tensors.values():
         if info.created_by is None or not info.name or info.is_leaf or not info.alive:
             continue
-        op = trace.ops[info.created_by]
-        if op.name.rpartition(".")[2] not in _MOVES or not op.inputs:
+        found = _copied_from_lost_leaf(trace, info)
+        if found is None:
             continue
-        source = trace.tensors.get(op.inputs[0])
-        if source is None or not (source.is_leaf and source.first_requires_grad) or source.name:
-            continue
+        first, op = found
         if not any(run.index > op.index for run in runs):
             continue
         message = (
@@ -290,9 +289,26 @@ def _moved_leaves(trace: Trace) -> List[Diagnosis]:
             "backward() never stores a gradient in `%s.grad` (it stays None, and PyTorch only warns when it is "
             "read). The gradient goes to the unnamed original tensor, which nothing updates."
             % (info.name, op.name, info.name))
-        fix = _leaf_after_move_fix(op.location.source if op.location else "", info.name)
-        out.append(_diag("missing-grad", op, message, fix, tensor=info.name, tids=(info.tid, source.tid)))
+        fix = _leaf_after_move_fix(first.location.source if first.location else "", info.name)
+        out.append(_diag("missing-grad", first, message, fix, tensor=info.name, tids=(info.tid, first.inputs[0])))
     return out
+
+
+def _copied_from_lost_leaf(trace: Trace, info):
+    """(the copy applied to the leaf, the one that made `info`) when `info` is a copy (moves, `.clone()`)
+    or a chain of unnamed copies of a leaf made with requires_grad=True that has no name: the user
+    holds the copy, and nothing holds the leaf, which gets the gradient. Else None."""
+    op = last = trace.ops[info.created_by]
+    while op.name.rpartition(".")[2] in _COPIES and op.inputs:
+        source = trace.tensors.get(op.inputs[0])
+        if source is None or source.name:
+            return None
+        if source.is_leaf:
+            return (op, last) if source.first_requires_grad else None
+        if source.created_by is None:
+            return None
+        op = trace.ops[source.created_by]
+    return None
 
 
 def _leaf_after_move_fix(src: str, name: str) -> str:

@@ -7,9 +7,11 @@ Legend (shape and colour):
     green box            the grad_fn of a named result (`loss`, `out`)
     blue rounded box     leaf that gets .grad (AccumulateGrad, named by its parameter)
     orange box           a tensor a diagnosis talks about (saved for backward)
-    red box              the line that broke backward (the write, the cut)
+    red box              the line that broke backward (the write)
+    red dashed box       the line that cut the chain to the parameters (detach, no_grad, .item())
     dashed box           a module call (open: its contents; closed: click to open)
     red outline          involved in a diagnosis
+    red dashed edge      a written tensor, or the link a cut broke (no gradient flows back along it)
 
 Every string from the trace is escaped here (SVG) or drawn as typed (matplotlib, no mathtext).
 """
@@ -28,6 +30,7 @@ STYLE = {
     "leaf": ("#d0e4ff", "#1c5fb8"),
     "saved": ("#ffe0b2", "#d9480f"),
     "write": ("#ffc9c9", "#c92a2a"),
+    "cut": ("#ffc9c9", "#c92a2a"),
     "fold": ("#ffffff", "#868e96"),
     "box": ("#f8f9fa", "#adb5bd"),
 }
@@ -94,10 +97,10 @@ def to_svg(scene: Scene, opened=None, title: str = "", max_width: Optional[int] 
                            % (p.x + 8, p.y + BOX_H - 7, SUBTEXT, esc(box.sub)))
     for a, b, kind in edges_between(scene, stand):
         pa, pb = at[a], at[b]
+        red = kind in ("overwrote", "cut")
         out.append('<path d="%s" fill="none" stroke="%s" stroke-width="%s"%s/>'
-                   % (_curve(pa, pb), PROBLEM if kind == "overwrote" else "#868e96",
-                      "2" if kind == "overwrote" else "1.2", ' stroke-dasharray="4 3"' if kind in ("saves",
-                                                                                                "overwrote") else ""))
+                   % (_curve(pa, pb), PROBLEM if red else "#868e96", "2" if red else "1.2",
+                      ' stroke-dasharray="4 3"' if kind in ("saves", "overwrote", "cut") else ""))
     for p in placed:
         if p.is_box:
             continue
@@ -106,8 +109,9 @@ def to_svg(scene: Scene, opened=None, title: str = "", max_width: Optional[int] 
         var = CSS_VAR.get(item.kind)
         fill_css = "var(%s, %s)" % (var, fill) if var else fill
         out.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" rx="%d" fill="%s" stroke="%s" '
-                   'stroke-width="%s"/>' % (p.x, p.y, p.w, p.h, 10 if item.kind == "leaf" else 3, fill_css,
-                                             PROBLEM if item.problem else stroke, "2.5" if item.problem else "1"))
+                   'stroke-width="%s"%s/>' % (p.x, p.y, p.w, p.h, 10 if item.kind == "leaf" else 3, fill_css,
+                                               PROBLEM if item.problem else stroke, "2.5" if item.problem else "1",
+                                               ' stroke-dasharray="5 3"' if item.kind == "cut" else ""))
         dark = item.kind not in ("fn", "fold")  # fixed light fills keep dark text in every theme
         color = TEXT if dark else "var(--jp-ui-font-color1, %s)" % TEXT
         out.append('<text x="%.1f" y="%.1f" text-anchor="middle" fill="%s"%s>%s</text>'
@@ -173,9 +177,9 @@ def to_png(scene: Scene, opened=None, title: str = "", max_pixels: int = 2400) -
         dy = max(12.0, (y2 - y1) / 2)
         path = Path([(x1, y1), (x1, y1 + dy), (x2, y2 - dy), (x2, y2)],
                     [Path.MOVETO, Path.CURVE4, Path.CURVE4, Path.CURVE4])
-        ax.add_patch(PathPatch(path, fc="none", ec=PROBLEM if kind == "overwrote" else "#868e96",
-                               lw=1.6 if kind == "overwrote" else 0.9, linestyle="--" if kind in ("saves", "overwrote")
-                               else "-", zorder=2))
+        red = kind in ("overwrote", "cut")
+        ax.add_patch(PathPatch(path, fc="none", ec=PROBLEM if red else "#868e96", lw=1.6 if red else 0.9,
+                               linestyle="--" if kind in ("saves", "overwrote", "cut") else "-", zorder=2))
     for p in placed:
         if p.is_box:
             continue
@@ -184,7 +188,7 @@ def to_png(scene: Scene, opened=None, title: str = "", max_pixels: int = 2400) -
         ax.add_patch(FancyBboxPatch((p.x, p.y), p.w, p.h, boxstyle="round,pad=0,rounding_size=%d"
                                     % (10 if item.kind == "leaf" else 3), fc=fill,
                                     ec=PROBLEM if item.problem else stroke, lw=2.2 if item.problem else 0.9,
-                                    zorder=3))
+                                    linestyle="--" if item.kind == "cut" else "-", zorder=3))
         ax.text(p.x + p.w / 2, p.y + 15, item.label, ha="center", va="baseline", fontsize=font, color=TEXT,
                 fontweight="normal" if item.kind == "fn" else "bold", zorder=4, **text_kw)
         if item.sub:

@@ -31,6 +31,7 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import networkx as nx
 
+from ..diagnose.paths import is_cut, node_at
 from ..model import Trace
 
 MAX_CHILDREN = 40        # children of one box before its contents are chunked
@@ -48,7 +49,7 @@ CHAR_W, MIN_W, MAX_W, MAX_CHARS = 7.0, 64, 250, 34
 @dataclass(slots=True)
 class Item:
     id: str
-    kind: str              # fn, tensor (a named result's node), leaf, saved, write, fold
+    kind: str              # fn, tensor (a named result's node), leaf, saved, write, cut, fold
     label: str
     sub: str = ""
     name: str = ""         # what find matches: the variable, the parameter's dotted name
@@ -358,9 +359,11 @@ def _items(trace: Trace, scene: Scene, keys: Set[int], lo: int, folded: int) -> 
                 at = info.created_by if info is not None and info.created_by is not None else None
                 if at is None:  # made before the block: it sits where it is first used
                     at = next((op.index for op in ops if tid in op.inputs), None)
+                no_grad_fn = d.kind == "graph-cut" and info is not None and info.node is None
                 items[tensor_item] = Item(tensor_item, "saved" if savers else "tensor", _clip(full),
                                           _clip(" ".join(s for s in ("saved" if savers else "tensor",
-                                                                     _shape(trace, tid)) if s)),
+                                                                     _shape(trace, tid),
+                                                                     "(no grad_fn)" if no_grad_fn else "") if s)),
                                           full, pos=float(at) if at is not None else -1.0, problem=True)
                 if "." in full:
                     items[tensor_item].parent = "param:" + full
@@ -376,11 +379,41 @@ def _items(trace: Trace, scene: Scene, keys: Set[int], lo: int, folded: int) -> 
             if wid not in items:
                 op = ops[d.op_index]
                 text = (op.location.source if op.location else "") or op.name
-                items[wid] = Item(wid, "write", _clip(text), _clip(where(d.op_index) + " " + d.kind), text,
+                cut = _cut_here(trace, d, op)
+                items[wid] = Item(wid, "cut" if cut else "write", _clip(text), _clip(
+                    where(d.op_index) + (": chain cut here" if cut else " " + d.kind)), text,
                                   pos=float(d.op_index), problem=True)
                 items[wid].parent = "op:%d" % d.op_index
-                if targets:
+                if cut:
+                    _cut_edges(trace, scene, op, wid, targets)
+                elif targets:
                     scene.edges.append((wid, targets[0], "overwrote"))
+
+
+def _cut_here(trace: Trace, d, op) -> bool:
+    """The diagnosis names the op where the chain to the parameters was cut (graph-cut, or a
+    parameter starved by a cut), not the backward call or a move."""
+    if op.is_backward:
+        return False
+    return d.kind == "graph-cut" or (d.kind == "missing-grad" and is_cut(trace, op))
+
+
+def _cut_edges(trace: Trace, scene: Scene, op, cut_id: str, targets: List[str]) -> None:
+    """The cut op between what fed it and what used it: ordinary edges to the graph nodes of its
+    inputs, and a broken one ("cut") from each node made from its result, or, when nothing with a
+    graph was (`torch.tensor(x.item())`), from the tensor the diagnosis names (the loss)."""
+    items = scene.items
+    for tid in op.inputs:
+        key = node_at(trace, tid, op.index)
+        if key is not None and "fn%d" % key in items:
+            scene.edges.append((cut_id, "fn%d" % key, "next"))
+    made = set(op.outputs)
+    users = []
+    for later in trace.ops[op.index + 1:]:
+        if made.intersection(later.inputs) and later.node is not None and "fn%d" % later.node in items:
+            users.append("fn%d" % later.node)
+    for user in dict.fromkeys(users or [t for t in targets[:1] if not t.startswith("fn-")]):
+        scene.edges.append((user, cut_id, "cut"))
 
 
 def _boxes(trace: Trace, scene: Scene, max_children: int) -> None:
@@ -544,6 +577,9 @@ def _focus(trace: Trace, scene: Scene) -> None:
         core = [c for c in core if c in items]
         core += [i for i, x in items.items() if x.kind == "leaf" and x.problem and i not in core][:4]
         focus.extend(core)
+        for c in core:  # a cut: what fed it and what it starved, around it
+            if items[c].kind == "cut":
+                focus.extend(p for p in preds[c] + succs[c] if p in items)
         start = next((c for c in core if c.startswith("fn")), None)
         if start is None:
             start = next((p for c in core for p in preds[c] if p.startswith("fn")), None)
