@@ -172,7 +172,7 @@ class Recorder(TorchFunctionMode):
         super().__init__()
         self.check_nan = check_nan     # watch backward nodes for the first non-finite gradient
         self.ops = []
-        self.tensor_meta = []          # per tid: (shape, dtype, device, requires_grad, is_leaf, created_by, base tid, data alias of)
+        self.tensor_meta = []          # per tid: (shape tuple, dtype, device, requires_grad, is_leaf, created_by, base tid, data alias of)
         self.tid_of = {}               # id(tensor) -> tid (check refs: ids are reused)
         self.refs = []                 # per tid: a weak reference to the tensor
         self.last_write = -1           # index of the last op that wrote a tensor
@@ -434,7 +434,9 @@ class Recorder(TorchFunctionMode):
         # for the end of the block to read, and it can take no part in autograd.
         ref = _DEAD if t.is_inference() else _weakref(t)
         refs.append(ref)
-        self.tensor_meta.append((t.shape, t.dtype, t.device, t.requires_grad, t.is_leaf, created_by,
+        # The shape as a plain tuple (as _fold keeps it): a torch.Size stays tracked by the cyclic GC,
+        # a tuple of ints does not, and in a long loop every tracked row makes each full collection longer.
+        self.tensor_meta.append((tuple(t.shape), t.dtype, t.device, t.requires_grad, t.is_leaf, created_by,
                                  None if base is None else self._tid(base), alias_of))
         self.tid_of[id(t)] = t_id
         return t_id
