@@ -13,6 +13,7 @@ rather than failed; and old ops that cannot matter any more are folded (see `_fo
 from __future__ import annotations
 
 import bisect
+import operator
 import os
 import site
 import sys
@@ -45,6 +46,12 @@ _is_compiling = torch.compiler.is_compiling
 _next_seq = torch._C._autograd._get_sequence_nr  # the sequence number the next grad_fn node gets
 _grad_enabled = torch.is_grad_enabled
 _hidden_from_subclasses = torch._C.DisableTorchFunctionSubclass
+_version_of = operator.attrgetter("_version")
+_weakref = weakref.ref
+_getframe = sys._getframe
+_warnings_dict = _warnings.__dict__
+_SEQUENCES = (list, tuple)
+_SCALARS = frozenset({int, float, bool, complex, type(None), str, torch.dtype, torch.device, torch.Size})
 
 # An op record is a flat tuple (cheap to build, invisible to the cyclic GC's hot lists):
 # (func, code, lineno, input tids, versions before, versions after, output tids,
@@ -165,7 +172,7 @@ class Recorder(TorchFunctionMode):
         super().__init__()
         self.check_nan = check_nan     # watch backward nodes for the first non-finite gradient
         self.ops = []
-        self.tensor_meta = []          # per tid: (shape, dtype, device, requires_grad, is_leaf, created_by, base tid, data alias of)
+        self.tensor_meta = []          # per tid: (shape tuple, dtype, device, requires_grad, is_leaf, created_by, base tid, data alias of)
         self.tid_of = {}               # id(tensor) -> tid (check refs: ids are reused)
         self.refs = []                 # per tid: a weak reference to the tensor
         self.last_write = -1           # index of the last op that wrote a tensor
@@ -198,28 +205,32 @@ class Recorder(TorchFunctionMode):
         self.freeing_backwards = set()  # op indices of backward calls that free their graph (no retain_graph)
 
     # -- hot path -----------------------------------------------------------------------------
+    # Written for speed: every line here runs for every tensor call of the block. Helpers are
+    # inlined (a Python call costs more than the work it would hold), C-level loops (map with
+    # attrgetter) replace comprehensions, and kwargs stay None when there are none.
     def __torch_function__(self, func, types, args=(), kwargs=None):
         __tracebackhide__ = True  # noqa: F841  (IPython hides this frame in tracebacks)
-        if kwargs is None:
-            kwargs = {}
         if self.off is not None:
-            return func(*args, **kwargs)
+            return func(*args, **kwargs) if kwargs else func(*args)
         global _real_filters, _real_show
         w = _warnings
         relocate = w.filters is not _SHOW_ALL  # else a call of ours further up already re-routes them
         if relocate:
             _real_filters, _real_show = w.filters, w._showwarnmsg
-        if (type(func) is _GETTER_TYPE and func != _DATA_GETTER) or func in _BACKWARD_FUNCS or _is_compiling():
+        passthrough = type(func) is _GETTER_TYPE and func != _DATA_GETTER  # a property read: not an op
+        if passthrough or func in _BACKWARD_FUNCS or _is_compiling():
             if relocate:
                 w.filters, w._showwarnmsg = _SHOW_ALL, _show_at_user_line
             try:
-                if func in _BACKWARD_FUNCS:
+                if not passthrough and func in _BACKWARD_FUNCS:
+                    if kwargs is None:
+                        kwargs = {}
                     index, frees = len(self.ops), _frees_graph(func, args, kwargs)
                     result = self._backward_call(func, args, kwargs)
                     if frees:  # and it ran: its graph's buffers are gone
                         self.freeing_backwards.add(index)
                     return result
-                return func(*args, **kwargs)
+                return func(*args, **kwargs) if kwargs else func(*args)
             except BaseException as exc:
                 _drop_leading_own_frames(exc)
                 raise
@@ -230,13 +241,42 @@ class Recorder(TorchFunctionMode):
                     else:
                         _put_back_warnings()
         try:
-            tensors = _tensors_in(args, kwargs)
+            # the tensors among the arguments, one level into lists and tuples (see _tensors_in)
+            # (a plain tensor or a number is told by its exact type: isinstance on torch.Tensor
+            # goes through its metaclass and costs several times more)
+            tensors = []
+            for a in args:
+                cls = type(a)
+                if cls is _Tensor:
+                    tensors.append(a)
+                elif cls in _SCALARS:
+                    pass
+                elif isinstance(a, _Tensor):
+                    tensors.append(a)
+                elif isinstance(a, _SEQUENCES):
+                    for b in a:
+                        if isinstance(b, _Tensor):
+                            tensors.append(b)
+            if kwargs:
+                for a in kwargs.values():
+                    if isinstance(a, _Tensor):
+                        tensors.append(a)
+                    elif isinstance(a, _SEQUENCES):
+                        for b in a:
+                            if isinstance(b, _Tensor):
+                                tensors.append(b)
             if types:  # a Tensor subclass with its own __torch_function__: it must not see our reads
                 with _hidden_from_subclasses():
                     before = _versions(tensors)
             else:
                 try:
-                    before = tuple([t._version for t in tensors])
+                    n = len(tensors)
+                    if n == 1:
+                        before = (tensors[0]._version,)
+                    elif n == 2:
+                        before = (tensors[0]._version, tensors[1]._version)
+                    else:
+                        before = tuple(map(_version_of, tensors))
                 except RuntimeError as exc:
                     if isinstance(exc, RecursionError):
                         raise
@@ -244,22 +284,23 @@ class Recorder(TorchFunctionMode):
             seq = _next_seq()
         except RecursionError:  # too deep for our own bookkeeping: run the call, unrecorded
             self.too_deep += 1
-            return func(*args, **kwargs)
+            return func(*args, **kwargs) if kwargs else func(*args)
         except Exception as exc:  # never let the tool break the user's call
             self._fail(exc)
-            return func(*args, **kwargs)
+            return func(*args, **kwargs) if kwargs else func(*args)
         try:
-            if relocate:
-                w.filters, w._showwarnmsg = _SHOW_ALL, _show_at_user_line
+            if relocate:  # stored into the module's dict: the same as setting its attributes, cheaper
+                wd = _warnings_dict
+                wd["filters"], wd["_showwarnmsg"] = _SHOW_ALL, _show_at_user_line
                 try:
-                    result = func(*args, **kwargs)
+                    result = func(*args, **kwargs) if kwargs else func(*args)
                 finally:
                     if w.filters is _SHOW_ALL and len(_SHOW_ALL) == 1:
-                        w.filters, w._showwarnmsg = _real_filters, _real_show
+                        wd["filters"], wd["_showwarnmsg"] = _real_filters, _real_show
                     else:
                         _put_back_warnings()
             else:
-                result = func(*args, **kwargs)
+                result = func(*args, **kwargs) if kwargs else func(*args)
         except BaseException as exc:
             _drop_leading_own_frames(exc)
             try:
@@ -286,17 +327,24 @@ class Recorder(TorchFunctionMode):
         return result
 
     def _record(self, func, tensors, before, result, error, seq_start):
-        tid = self._tid
         seq_end = _next_seq()
         try:
-            after = tuple([t._version for t in tensors])
+            n = len(tensors)
+            if n == 1:
+                after = (tensors[0]._version,)
+            elif n == 2:
+                after = (tensors[0]._version, tensors[1]._version)
+            else:
+                after = tuple(map(_version_of, tensors))
         except RuntimeError as exc:
             if isinstance(exc, RecursionError):
                 raise
             after = _versions(tensors)
+        ops = self.ops
+        index = len(ops)
         written = None
-        index = len(self.ops)
         if after != before:
+            tid = self._tid
             written = tuple((tid(t), byte_range(t)) for t, b, a in zip(tensors, before, after) if a != b)
             self.last_write = index
         else:
@@ -305,19 +353,28 @@ class Recorder(TorchFunctionMode):
         if seq_end != seq_start:  # grad_fn nodes were made during this call: [start, end)
             seq = (seq_start, seq_end)
             self.node_ranges.append((seq_start, seq_end, index))
+        # Tids, with known() written out: an id can be reused once its tensor is gone, the weak
+        # reference tells the same tensor from a new one at the same address. Outputs first,
+        # then inputs (an in-place call on a tensor new to us is where it was "created").
+        tid_of, refs = self.tid_of, self.refs
         if result is not None:
-            outs = [result] if isinstance(result, _Tensor) else (
-                [r for r in result if isinstance(r, _Tensor)] if isinstance(result, (tuple, list)) else ())
-            if outs:
-                alias_of = tid(tensors[0]) if func == _DATA_GETTER else None
-                out_ids = []
-                for out in outs:
-                    t_id = self.known(out)
-                    if t_id is None:
-                        t_id = self._register(out, index, alias_of)
-                    out_ids.append(t_id)
-                outputs = tuple(out_ids)
-        frame, library = sys._getframe(2), None
+            if isinstance(result, _Tensor):
+                t_id = tid_of.get(id(result))
+                if t_id is None or refs[t_id]() is not result:
+                    t_id = self._register(result, index, self._tid(tensors[0]) if func == _DATA_GETTER else None)
+                outputs = (t_id,)
+            elif isinstance(result, _SEQUENCES):
+                outs = [r for r in result if isinstance(r, _Tensor)]
+                if outs:
+                    alias_of = self._tid(tensors[0]) if func == _DATA_GETTER else None
+                    out_ids = []
+                    for out in outs:
+                        t_id = tid_of.get(id(out))
+                        if t_id is None or refs[t_id]() is not out:
+                            t_id = self._register(out, index, alias_of)
+                        out_ids.append(t_id)
+                    outputs = tuple(out_ids)
+        frame, library = _getframe(2), None
         internal = self.internal_code
         while frame is not None:
             code = frame.f_code
@@ -328,18 +385,28 @@ class Recorder(TorchFunctionMode):
                 entry = internal[id(code)] = (code, _frame_kind(code.co_filename))
                 if not entry[1]:
                     self.user_globals.setdefault(id(frame.f_globals), frame.f_globals)
-            if not entry[1]:
+            kind = entry[1]
+            if not kind:
                 break
-            if entry[1] == _LIBRARY and library is None:
+            if kind == _LIBRARY and library is None:
                 library = frame
             frame = frame.f_back
-        if frame is None:  # no user code on the stack (a library's own entry point): its innermost line
-            frame = library
-        code, line = (frame.f_code, frame.f_lineno) if frame is not None else (None, 0)
+        if frame is not None:  # stopped at the user's frame: `code` is its code
+            line = frame.f_lineno
+        elif library is not None:  # no user code on the stack (a library's own entry point): its innermost line
+            code, line = library.f_code, library.f_lineno
+        else:
+            code, line = None, 0
         if self.module_path:
             self.op_modules[index] = self.module_path
-        self.ops.append((func, code, line, tuple([tid(t) for t in tensors]), before, after, outputs, seq,
-                         written, _grad_enabled(), None if error is None else (type(error).__name__, str(error))))
+        in_ids = []
+        for t in tensors:
+            t_id = tid_of.get(id(t))
+            if t_id is None or refs[t_id]() is not t:
+                t_id = self._register(t, None, None)
+            in_ids.append(t_id)
+        ops.append((func, code, line, tuple(in_ids), before, after, outputs, seq,
+                    written, _grad_enabled(), None if error is None else (type(error).__name__, str(error))))
         if index >= self.fold_at:
             self._fold(index - _FOLD_EVERY)
 
@@ -352,19 +419,24 @@ class Recorder(TorchFunctionMode):
         return None
 
     def _tid(self, t):
-        t_id = self.known(t)
-        return self._register(t, None, None) if t_id is None else t_id
+        t_id = self.tid_of.get(id(t))
+        if t_id is not None and self.refs[t_id]() is t:
+            return t_id
+        return self._register(t, None, None)
 
     def _register(self, t, created_by, alias_of):
-        t_id = len(self.refs)
+        refs = self.refs
+        t_id = len(refs)
         base = t._base
         # No t.grad_fn here: a Python wrapper on every node makes PyTorch 2.13 free deep graphs
         # recursively (a segfault past ~40,000 nodes). Names of nodes are read once, at the end.
         # An inference tensor is recorded but never looked up again: it has no version counter
         # for the end of the block to read, and it can take no part in autograd.
-        ref = _DEAD if t.is_inference() else weakref.ref(t)
-        self.refs.append(ref)
-        self.tensor_meta.append((t.shape, t.dtype, t.device, t.requires_grad, t.is_leaf, created_by,
+        ref = _DEAD if t.is_inference() else _weakref(t)
+        refs.append(ref)
+        # The shape as a plain tuple (as _fold keeps it): a torch.Size stays tracked by the cyclic GC,
+        # a tuple of ints does not, and in a long loop every tracked row makes each full collection longer.
+        self.tensor_meta.append((tuple(t.shape), t.dtype, t.device, t.requires_grad, t.is_leaf, created_by,
                                  None if base is None else self._tid(base), alias_of))
         self.tid_of[id(t)] = t_id
         return t_id
