@@ -55,10 +55,18 @@ def op_name(func) -> str:
 def end_checkpoint(recorder):
     """Inspect every graph still reachable from a live tensor of the block."""
     roots = []
+    nodes, freeing = recorder.graph_nodes, recorder.freeing_backwards
     for ref in recorder.refs:
         t = ref()
-        if t is not None and t.grad_fn is not None:
-            roots.append(t)
+        if t is None:
+            continue
+        fn = t.grad_fn
+        if fn is None:
+            continue
+        entry = nodes.get(fn._sequence_nr()) if type(fn) is not graph_snapshot._ACCUMULATE_GRAD else None
+        if entry is not None and any(b in freeing for b in entry[3]):
+            continue  # a backward ran its graph and freed it: nothing in it can be run or checked again
+        roots.append(t)
     snap = graph_snapshot.take(recorder, roots, len(recorder.ops), "end")
     recorder.checkpoints.append(snap)
     return snap
