@@ -404,7 +404,7 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
                                    "nothing, whose results were gone and whose autograd nodes, if any, a "
                                    "backward had already run and freed; they keep their name, line and "
                                    "nodes, not their tensors." % recorder.folded)
-            folded_backwards = recorder.__dict__.get("folded_backwards", 0)
+            folded_backwards = recorder.folded_backwards
             if folded_backwards:
                 trace.notes.append("The saved tensors of %d backward calls that found nothing (each freed its "
                                    "graph, and nothing it saved was changed) were not kept; the first and the "

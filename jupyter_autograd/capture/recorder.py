@@ -203,11 +203,13 @@ class Recorder(TorchFunctionMode):
         self.folded_upto = _FOLD_EVERY  # ops before this index have been looked at by _fold
         self.fold_at = 3 * _FOLD_EVERY  # the next pass: one window at a time, one window behind
         self.freeing_backwards = set()  # op indices of backward calls that free their graph (no retain_graph)
+        self.write_positions = []      # op indices that wrote, in order, up to folded_upto (see _fold_checkpoints)
+        self.checkpoints_folded = 1    # checkpoints before this position were looked at by _fold_checkpoints
+        self.folded_backwards = 0      # backward calls whose saved-tensor slots were dropped
 
     # -- hot path -----------------------------------------------------------------------------
-    # Written for speed: every line here runs for every tensor call of the block. Helpers are
-    # inlined (a Python call costs more than the work it would hold), C-level loops (map with
-    # attrgetter) replace comprehensions, and kwargs stay None when there are none.
+    # Written for speed: every line here runs for every tensor call of the block. C-level loops
+    # (map with attrgetter) replace comprehensions, and kwargs stay None when there are none.
     def __torch_function__(self, func, types, args=(), kwargs=None):
         __tracebackhide__ = True  # noqa: F841  (IPython hides this frame in tracebacks)
         if self.off is not None:
@@ -241,46 +243,12 @@ class Recorder(TorchFunctionMode):
                     else:
                         _put_back_warnings()
         try:
-            # the tensors among the arguments, one level into lists and tuples (see _tensors_in)
-            # (a plain tensor or a number is told by its exact type: isinstance on torch.Tensor
-            # goes through its metaclass and costs several times more)
-            tensors = []
-            for a in args:
-                cls = type(a)
-                if cls is _Tensor:
-                    tensors.append(a)
-                elif cls in _SCALARS:
-                    pass
-                elif isinstance(a, _Tensor):
-                    tensors.append(a)
-                elif isinstance(a, _SEQUENCES):
-                    for b in a:
-                        if isinstance(b, _Tensor):
-                            tensors.append(b)
-            if kwargs:
-                for a in kwargs.values():
-                    if isinstance(a, _Tensor):
-                        tensors.append(a)
-                    elif isinstance(a, _SEQUENCES):
-                        for b in a:
-                            if isinstance(b, _Tensor):
-                                tensors.append(b)
+            tensors = _tensors_in(args, kwargs)
             if types:  # a Tensor subclass with its own __torch_function__: it must not see our reads
                 with _hidden_from_subclasses():
                     before = _versions(tensors)
             else:
-                try:
-                    n = len(tensors)
-                    if n == 1:
-                        before = (tensors[0]._version,)
-                    elif n == 2:
-                        before = (tensors[0]._version, tensors[1]._version)
-                    else:
-                        before = tuple(map(_version_of, tensors))
-                except RuntimeError as exc:
-                    if isinstance(exc, RecursionError):
-                        raise
-                    before = _versions(tensors)  # an inference tensor among them
+                before = _current_versions(tensors)
             seq = _next_seq()
         except RecursionError:  # too deep for our own bookkeeping: run the call, unrecorded
             self.too_deep += 1
@@ -328,18 +296,7 @@ class Recorder(TorchFunctionMode):
 
     def _record(self, func, tensors, before, result, error, seq_start):
         seq_end = _next_seq()
-        try:
-            n = len(tensors)
-            if n == 1:
-                after = (tensors[0]._version,)
-            elif n == 2:
-                after = (tensors[0]._version, tensors[1]._version)
-            else:
-                after = tuple(map(_version_of, tensors))
-        except RuntimeError as exc:
-            if isinstance(exc, RecursionError):
-                raise
-            after = _versions(tensors)
+        after = _current_versions(tensors)
         ops = self.ops
         index = len(ops)
         written = None
@@ -516,11 +473,11 @@ class Recorder(TorchFunctionMode):
         part in a diagnosis; the call keeps its roots, inputs and retain flag. The first
         backward of the block stays whole, like the first window of ops."""
         ops, cps, freeing = self.ops, self.checkpoints, self.freeing_backwards
-        writes = self.__dict__.setdefault("write_positions", [])  # op indices that wrote, in order
+        writes = self.write_positions
         for index in range(self.folded_upto, upto):
             if ops[index][OP_WR] is not None:
                 writes.append(index)
-        at = max(1, self.__dict__.get("checkpoints_folded", 1))
+        at = self.checkpoints_folded
         dropped = 0
         while at < len(cps) and cps[at][0] < upto:
             cp = cps[at]
@@ -539,7 +496,7 @@ class Recorder(TorchFunctionMode):
             cps[at - 1] = cp[:3] + ((),) + cp[4:]
             dropped += 1
         self.checkpoints_folded = at
-        self.folded_backwards = self.__dict__.get("folded_backwards", 0) + dropped
+        self.folded_backwards += dropped
 
     def _folded_records(self):
         shared = self.__dict__.get("folded_records")
@@ -581,10 +538,9 @@ class Recorder(TorchFunctionMode):
         part.op_modules = {i - start: path for i, path in self.op_modules.items() if i >= start}
         part.optimized = set(self.optimized)
         part.freeing_backwards = {i - start for i in self.freeing_backwards if i >= start}
-        part.too_deep = part.folded = 0
+        part.too_deep = part.folded = part.folded_backwards = 0
         part.folded_upto = part.fold_at = sys.maxsize  # nothing more is recorded into it
-        for name in ("pointer_index", "pointer_indexed", "folded_records", "interned_shapes", "shared_tuples", "write_positions",
-                     "checkpoints_folded", "folded_backwards"):
+        for name in ("pointer_index", "pointer_indexed", "folded_records", "interned_shapes", "shared_tuples"):
             part.__dict__.pop(name, None)
         return part
 
@@ -737,22 +693,31 @@ _DEAD = _dead  # stands for the weak reference of a tensor that is gone or never
 
 
 def _tensors_in(args, kwargs):
-    """The tensors among the arguments, one level into lists and tuples (torch.cat, _foreach_*)."""
+    """The tensors among the arguments, one level into lists and tuples (torch.cat, _foreach_*).
+    On every recorded call: a plain tensor or a number is told by its exact type first, since
+    isinstance on torch.Tensor goes through its metaclass and costs several times more."""
     found = []
-    _collect(args, found)
-    if kwargs:
-        _collect(kwargs.values(), found)
-    return found
-
-
-def _collect(values, found):
-    for a in values:
-        if isinstance(a, _Tensor):
+    for a in args:
+        cls = type(a)
+        if cls is _Tensor:
             found.append(a)
-        elif isinstance(a, (list, tuple)):
+        elif cls in _SCALARS:
+            pass
+        elif isinstance(a, _Tensor):
+            found.append(a)
+        elif isinstance(a, _SEQUENCES):
             for b in a:
                 if isinstance(b, _Tensor):
                     found.append(b)
+    if kwargs:
+        for a in kwargs.values():
+            if isinstance(a, _Tensor):
+                found.append(a)
+            elif isinstance(a, _SEQUENCES):
+                for b in a:
+                    if isinstance(b, _Tensor):
+                        found.append(b)
+    return found
 
 
 def _frees_graph(func, args, kwargs):
@@ -765,6 +730,22 @@ def _frees_graph(func, args, kwargs):
         return retain is False or retain is None or retain == 0
     except Exception:  # unusual arguments: say it keeps the graph, so nothing of it is folded
         return False
+
+
+def _current_versions(tensors):
+    """Version counters as the hot path reads them: one or two tensors (most calls) without a
+    loop; with an inference tensor among them (it has no counter), through _versions."""
+    try:
+        n = len(tensors)
+        if n == 1:
+            return (tensors[0]._version,)
+        if n == 2:
+            return (tensors[0]._version, tensors[1]._version)
+        return tuple(map(_version_of, tensors))
+    except RuntimeError as exc:
+        if isinstance(exc, RecursionError):
+            raise
+        return _versions(tensors)
 
 
 def _versions(tensors):
