@@ -628,9 +628,15 @@ def _train(steps, retain, planted_at=-1):
     return [p.detach().clone() for p in model.parameters()]
 
 
+# A training step is about 7 recorded ops (an optimizer step is one): a smaller folding window
+# keeps these loops a few windows long without thousands of steps.
+_TRAINING_WINDOW = 512
+
+
 @pytest.mark.parametrize("retain", [False, True])
-def test_a_long_training_loop_folds_only_graphs_backward_has_freed(retain):
-    steps = 3 * recorder_module._FOLD_EVERY // 10
+def test_a_long_training_loop_folds_only_graphs_backward_has_freed(retain, monkeypatch):
+    monkeypatch.setattr(recorder_module, "_FOLD_EVERY", _TRAINING_WINDOW)
+    steps = _TRAINING_WINDOW
     plain = _train(steps, retain)
     with ja.capture(namespace={}) as trace:
         recorder = recorder_module._state.recorder
@@ -650,11 +656,12 @@ def test_a_long_training_loop_folds_only_graphs_backward_has_freed(retain):
 
 
 @pytest.mark.parametrize("planted", [False, True])
-def test_a_long_training_loop_keeps_the_backward_calls_that_matter(planted):
+def test_a_long_training_loop_keeps_the_backward_calls_that_matter(planted, monkeypatch):
     """Backward calls that found nothing lose their saved-tensor slots; the first one, the
     latest ones and one whose saved bytes were written (a silent .data write in the middle of
     the loop, long folded) keep theirs, and the write is still diagnosed at its line."""
-    steps = 4 * recorder_module._FOLD_EVERY // 10
+    monkeypatch.setattr(recorder_module, "_FOLD_EVERY", _TRAINING_WINDOW)
+    steps = 4 * _TRAINING_WINDOW // 3
     planted_at = steps // 2 if planted else -1
     with ja.capture(namespace={}) as trace:
         recorder = recorder_module._state.recorder

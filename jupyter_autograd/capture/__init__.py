@@ -170,6 +170,8 @@ class capture:
             if self._not_started is not None:
                 self.trace.warnings.extend([self._not_started] + ended)
             elif recorder is not None:
+                if recorder.step is not None:  # the block ended inside an optimizer step
+                    recorder.end_step()
                 part = recorder if outer is None else recorder.since(self._start)
                 previous_off, recorder.off = recorder.off, "building the trace"
                 try:

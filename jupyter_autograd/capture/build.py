@@ -41,6 +41,8 @@ def op_name(func) -> str:
             name = "torch." + tail
         elif module in ("torch.nn.functional", "torch._C._nn") or module.startswith("torch.nn.functional"):
             name = "F." + tail
+        elif module.startswith("torch.optim."):  # a whole optimizer step (recorder.begin_step): Adam.step
+            name = qual
         elif module:
             name = module + "." + qual
         else:

@@ -51,6 +51,13 @@ _weakref = weakref.ref
 _getframe = sys._getframe
 _warnings_dict = _warnings.__dict__
 _SEQUENCES = (list, tuple)
+_all_torch_function_off = torch._C.DisableTorchFunction  # modes too: our hooks' reads are no ops
+_STEPPING = "inside an optimizer step"  # recorder.off while one runs (Recorder.begin_step)
+_PROFILER_ENTER = torch.ops.profiler._record_function_enter_new
+_PROFILER_EXIT = torch.ops.profiler._record_function_exit._RecordFunction
+# Run without a record of their own: backward calls (recorded by _backward_call) and the profiler
+# scopes that torch opens around optimizer steps and module calls (they touch no tensor).
+_NOT_RECORDED = frozenset(_BACKWARD_FUNCS | {_PROFILER_ENTER, _PROFILER_EXIT})
 _SCALARS = frozenset({int, float, bool, complex, type(None), str, torch.dtype, torch.device, torch.Size})
 
 # An op record is a flat tuple (cheap to build, invisible to the cyclic GC's hot lists):
@@ -96,18 +103,30 @@ def _leave_module(module, args, output):
 
 
 def _before_optimizer_step(optimizer, args, kwargs):
-    """Note the parameters an optimizer updates (the missing-grad rule asks which ones got none)."""
+    """Note the parameters an optimizer updates (the missing-grad rule asks which ones got none),
+    and record the step as one op (see Recorder.begin_step)."""
     recorder = getattr(_state, "recorder", None)
     if recorder is None or recorder.off is not None:
         return None
     try:
-        with _hidden_from_subclasses():
+        with _all_torch_function_off():  # the mode is on in a hook: our reads would be recorded
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     if isinstance(p, _Tensor):
                         recorder.optimized.add(recorder._tid(p))
+        recorder.begin_step(optimizer, args, kwargs)
     except Exception as exc:  # never let the tool break the user's step
         recorder._fail(exc)
+    return None
+
+
+def _after_optimizer_step(optimizer, args, kwargs):
+    recorder = getattr(_state, "recorder", None)
+    if recorder is not None and recorder.off is _STEPPING:
+        try:
+            recorder.end_step()
+        except Exception as exc:  # never let the tool break the user's step
+            recorder._fail(exc)
     return None
 
 
@@ -131,6 +150,7 @@ def install_hooks():
             _hook_handles.append(nn_module.register_module_forward_pre_hook(_enter_module))
             _hook_handles.append(nn_module.register_module_forward_hook(_leave_module, always_call=True))
             _hook_handles.append(optim_module.register_optimizer_step_pre_hook(_before_optimizer_step))
+            _hook_handles.append(optim_module.register_optimizer_step_post_hook(_after_optimizer_step))
         except BaseException:
             _remove_all_hooks()
             raise
@@ -206,21 +226,31 @@ class Recorder(TorchFunctionMode):
         self.write_positions = []      # op indices that wrote, in order, up to folded_upto (see _fold_checkpoints)
         self.checkpoints_folded = 1    # checkpoints before this position were looked at by _fold_checkpoints
         self.folded_backwards = 0      # backward calls whose saved-tensor slots were dropped
+        self.step = None               # while an optimizer step runs: what begin_step noted (one op)
+        self.step_depth = 0            # profiler scopes opened inside that step
 
     # -- hot path -----------------------------------------------------------------------------
     # Written for speed: every line here runs for every tensor call of the block. C-level loops
     # (map with attrgetter) replace comprehensions, and kwargs stay None when there are none.
     def __torch_function__(self, func, types, args=(), kwargs=None):
         __tracebackhide__ = True  # noqa: F841  (IPython hides this frame in tracebacks)
-        if self.off is not None:
-            return func(*args, **kwargs) if kwargs else func(*args)
+        off = self.off
+        if off is not None:
+            if off is not _STEPPING:
+                return func(*args, **kwargs) if kwargs else func(*args)
+            if func is _PROFILER_EXIT or func is _PROFILER_ENTER:
+                try:
+                    self._step_profiler_event(func)
+                except Exception as exc:  # never let the tool break the user's call
+                    self._fail(exc)
         global _real_filters, _real_show
         w = _warnings
         relocate = w.filters is not _SHOW_ALL  # else a call of ours further up already re-routes them
         if relocate:
             _real_filters, _real_show = w.filters, w._showwarnmsg
-        passthrough = type(func) is _GETTER_TYPE and func != _DATA_GETTER  # a property read: not an op
-        if passthrough or func in _BACKWARD_FUNCS or _is_compiling():
+        # A property read is not an op; inside an optimizer step, the step is the op (end_step).
+        passthrough = (type(func) is _GETTER_TYPE and func != _DATA_GETTER) or self.off is _STEPPING
+        if passthrough or func in _NOT_RECORDED or _is_compiling():
             if relocate:
                 w.filters, w._showwarnmsg = _SHOW_ALL, _show_at_user_line
             try:
@@ -331,29 +361,7 @@ class Recorder(TorchFunctionMode):
                             t_id = self._register(out, index, alias_of)
                         out_ids.append(t_id)
                     outputs = tuple(out_ids)
-        frame, library = _getframe(2), None
-        internal = self.internal_code
-        while frame is not None:
-            code = frame.f_code
-            # Keyed by id: hashing a code object is not cached and costs microseconds. The entry
-            # holds the code object, so the id cannot be reused while we keep it.
-            entry = internal.get(id(code))
-            if entry is None:
-                entry = internal[id(code)] = (code, _frame_kind(code.co_filename))
-                if not entry[1]:
-                    self.user_globals.setdefault(id(frame.f_globals), frame.f_globals)
-            kind = entry[1]
-            if not kind:
-                break
-            if kind == _LIBRARY and library is None:
-                library = frame
-            frame = frame.f_back
-        if frame is not None:  # stopped at the user's frame: `code` is its code
-            line = frame.f_lineno
-        elif library is not None:  # no user code on the stack (a library's own entry point): its innermost line
-            code, line = library.f_code, library.f_lineno
-        else:
-            code, line = None, 0
+        code, line = self._user_line(_getframe(2))
         if self.module_path:
             self.op_modules[index] = self.module_path
         in_ids = []
@@ -366,6 +374,77 @@ class Recorder(TorchFunctionMode):
                     written, _grad_enabled(), None if error is None else (type(error).__name__, str(error))))
         if index >= self.fold_at:
             self._fold(index - _FOLD_EVERY)
+
+    def _user_line(self, frame):
+        """(code, line) of the innermost frame of the user's own code from `frame` outwards; else of
+        the innermost library frame (a library's own entry point); else (None, 0)."""
+        library = None
+        internal = self.internal_code
+        while frame is not None:
+            code = frame.f_code
+            # Keyed by id: hashing a code object is not cached and costs microseconds. The entry
+            # holds the code object, so the id cannot be reused while we keep it.
+            entry = internal.get(id(code))
+            if entry is None:
+                entry = internal[id(code)] = (code, _frame_kind(code.co_filename))
+                if not entry[1]:
+                    self.user_globals.setdefault(id(frame.f_globals), frame.f_globals)
+            kind = entry[1]
+            if not kind:
+                return code, frame.f_lineno
+            if kind == _LIBRARY and library is None:
+                library = frame
+            frame = frame.f_back
+        if library is not None:  # no user code on the stack (a library's own entry point)
+            return library.f_code, library.f_lineno
+        return None, 0
+
+    # -- optimizer steps ------------------------------------------------------------------------
+    def begin_step(self, optimizer, args, kwargs):
+        """Record a step of a torch.optim optimizer as one op: the parameters and state it wrote.
+        Its own calls (Adam: ten per parameter, all on the user's `opt.step()` line) run unrecorded;
+        they were most of what capture cost in a training step. Not for a step that takes a
+        closure (forward and backward run inside it), an optimizer whose step is not torch's own
+        (it may write anything), or a differentiable one (its calls make graph nodes)."""
+        step = getattr(type(optimizer), "step", None)  # args: (optimizer, closure?)
+        if (len(args) > 1 or kwargs or not getattr(step, "__module__", "").startswith("torch.optim.")
+                or optimizer.defaults.get("differentiable")):
+            return
+        with _all_torch_function_off():
+            tensors = [p for group in optimizer.param_groups for p in group["params"] if isinstance(p, _Tensor)]
+            tensors += [v for state in optimizer.state.values() if isinstance(state, dict)
+                        for v in state.values() if isinstance(v, _Tensor)]
+            versions = _versions(tensors)
+        self.step = (_step_op(type(optimizer), step), tensors, versions, self._user_line(_getframe(1)),
+                     _grad_enabled())
+        self.step_depth = 0
+        self.off = _STEPPING
+
+    def end_step(self):
+        """The step is over: its post-hook ran, or its profiler scope closed as it raised."""
+        (func, tensors, before, (code, line), grad), self.step, self.off = self.step, None, None
+        with _all_torch_function_off():
+            after = _versions(tensors)
+            changed = [i for i, (b, a) in enumerate(zip(before, after)) if a != b]
+            tids = tuple(self._tid(tensors[i]) for i in changed)
+            written = tuple((t_id, byte_range(tensors[i])) for t_id, i in zip(tids, changed)) or None
+        index = len(self.ops)
+        if written:
+            self.last_write = index
+        self.ops.append((func, code, line, tids, tuple(before[i] for i in changed),
+                         tuple(after[i] for i in changed), (), None, written, grad, None))
+        if index >= self.fold_at:
+            self._fold(index - _FOLD_EVERY)
+
+    def _step_profiler_event(self, func):
+        """torch runs a step inside a profiler scope; that scope closing at the depth where the
+        step began, with the step still open, means the step raised (no post-hook runs then)."""
+        if func is _PROFILER_ENTER:
+            self.step_depth += 1
+        elif self.step_depth:
+            self.step_depth -= 1
+        else:
+            self.end_step()
 
     def known(self, t):
         """The tid of a tensor seen before, or None. An id can be reused once its tensor is gone:
@@ -637,6 +716,19 @@ class Recorder(TorchFunctionMode):
 
 
 _signatures = {}
+_step_ops = weakref.WeakKeyDictionary()  # optimizer class -> its step op
+
+
+def _step_op(cls, step):
+    """What stands for a whole optimizer step in its op record: named after the optimizer's class
+    (AdamW.step, though AdamW runs Adam's step) and the module of the code that runs it."""
+    op = _step_ops.get(cls)
+    if op is None:
+        def op(*args, **kwargs):
+            return step(*args, **kwargs)
+        op.__qualname__, op.__name__, op.__module__ = cls.__qualname__ + ".step", "step", step.__module__
+        _step_ops[cls] = op
+    return op
 
 
 def _shared(cache, value):
