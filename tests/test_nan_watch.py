@@ -62,3 +62,15 @@ def test_inf_from_finite_is_found_in_float64_and_half():
 
 def test_fact_nodes_cover_the_causes_the_diagnosis_explains():
     assert set(_CAUSES) <= nan_watch.FACT_NODES
+
+
+def test_the_always_on_leaf_flag_on_cpu_reads_a_sum_and_confirms_an_overflow():
+    """Without check_nan, a CPU float leaf gradient is summed when backward returns; a sum that
+    overflowed is checked element by element, so only a real NaN or Inf is reported."""
+    big = torch.full((4,), 3e38, requires_grad=True)
+    bad = torch.tensor([0.0, 4.0], requires_grad=True)
+    with ja.capture(namespace={"big": big, "bad": bad}) as trace:
+        (big * 1.0).backward(torch.full((4,), 3e38))  # a finite gradient whose float32 sum is inf
+        bad.sqrt().sum().backward()  # SQRT: the gradient at 0 is inf
+    assert [d.kind for d in trace.diagnoses] == ["nan-gradient"]
+    assert trace.diagnoses[0].tensor == "bad"

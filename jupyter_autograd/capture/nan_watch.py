@@ -22,15 +22,24 @@ _SUMMED = frozenset((torch.float32, torch.float64))  # summed and read in the ho
 
 
 def nonfinite_flags(grads):
-    """[(tid, 0-d bool tensor on the gradient's device: some value is NaN or Inf)] without a sync.
-    The smallest and the largest value, one reduction with no temporary the size of the gradient:
-    NaN propagates to both, an Inf is one of them, and unlike a sum they cannot overflow (large
-    finite gradients are not NaN)."""
+    """[(tid, flag: some value is NaN or Inf)], read with bool() when the block ends. A CPU
+    float32/float64 gradient is judged now, where reading costs no sync: its sum (the cheapest
+    pass over its memory), and only a sum that is not finite is looked at element by element (it
+    may have overflowed). On another device the flag stays a device tensor (_nonfinite)."""
     with _no_subclass_dispatch():
-        return [(tid, _nonfinite(g)) for tid, g in grads]
+        return [(tid, _cpu_nonfinite(g) if type(g) is _Tensor and g.is_cpu and g.dtype in _SUMMED
+                 and g.layout is _STRIDED else _nonfinite(g)) for tid, g in grads]
+
+
+def _cpu_nonfinite(g):
+    g = g.detach()
+    return not math.isfinite(g.sum()) and not bool(torch.isfinite(g).all())
 
 
 def _nonfinite(g):
+    """A 0-d bool tensor on g's device, without a sync. The smallest and the largest value, one
+    reduction with no temporary the size of the gradient: NaN propagates to both, an Inf is one
+    of them, and unlike a sum they cannot overflow (large finite gradients are not NaN)."""
     g = g.detach()
     if g.layout != torch.strided:  # sparse COO, CSR and friends, jagged nested tensors: their values
         g = g._values() if g.is_sparse else g.values()
