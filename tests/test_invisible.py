@@ -683,6 +683,33 @@ def test_a_long_training_loop_keeps_the_backward_calls_that_matter(planted, monk
     assert trained
 
 
+def test_a_dropped_node_met_again_by_a_later_backward():
+    """As below, with the graph made after the first window: the node of `h = w * w` (its tensor
+    gone, its graph freed) is dropped from the recorder, keeping only which backward ran it. It
+    is the only node with saved tensors (an addition saves none): without that record, its empty
+    slots would read as never saved, and nothing would be predicted."""
+    fold = recorder_module._FOLD_EVERY
+    w = torch.ones(3, requires_grad=True)
+    x = torch.ones(3)
+    with ja.capture(namespace={}) as trace:
+        recorder = recorder_module._state.recorder
+        (w * 2).sum().backward()  # the first backward of a block is always kept whole
+        for _ in range(2 * fold):
+            x = x * 1.0
+        h = w * w
+        carried = h + 1
+        del h
+        carried.sum().backward()
+        for _ in range(4 * fold):
+            x = x * 1.0
+        dropped = list(recorder.folded_nodes)
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            carried.sum().backward()  # SECOND
+    assert dropped, "the node of h was not dropped: this test no longer covers the lookup"
+    assert [d.kind for d in trace.diagnoses] == ["graph-freed"]
+    assert trace.warnings == []
+
+
 def test_a_folded_node_met_again_by_a_later_backward():
     """A graph carried past many folded windows: its nodes were compacted after the first
     backward freed them; the second backward through them is still predicted as graph-freed."""

@@ -85,7 +85,7 @@ def take(recorder, roots, op_index, kind, inputs=(), retain=True):
         if entry is None:
             variable = recorder._tid(fn.variable) if type(fn) is _ACCUMULATE_GRAD else None
             child_keys = [None if c is None else node_key(c, recorder) for c in children]
-            entry = nodes[key] = [_node_name(fn), child_keys, variable, [], op_index]
+            entry = nodes[key] = [_node_name(fn), child_keys, variable, list(recorder.folded_node_runs(key)), op_index]
         elif type(entry) is tuple:  # compacted by the recorder's folding: a later walk met it again
             entry = nodes[key] = [entry[0], list(entry[1]), entry[2], list(entry[3]), op_index]
         else:

@@ -226,6 +226,7 @@ class Recorder(TorchFunctionMode):
         self.write_positions = []      # op indices that wrote, in order, up to folded_upto (see _fold_checkpoints)
         self.checkpoints_folded = 1    # checkpoints before this position were looked at by _fold_checkpoints
         self.folded_backwards = 0      # backward calls whose saved-tensor slots were dropped
+        self.folded_nodes = []         # (first key, end key, backward op indices that ran them): nodes _fold dropped
         self.step = None               # while an optimizer step runs: what begin_step noted (one op)
         self.step_depth = 0            # profiler scopes opened inside that step
 
@@ -503,7 +504,7 @@ class Recorder(TorchFunctionMode):
         shapes = self._shapes()
         tuples = self.__dict__.setdefault("shared_tuples", {})
         op_modules, nodes, freeing = self.op_modules, self.graph_nodes, self.freeing_backwards
-        folded = 0
+        folded, droppable = 0, []
         for index in range(self.folded_upto, upto):
             rec = ops[index]
             if rec[OP_WR] is not None and rec[OP_ERR] is None and rec[OP_SEQ] is None:
@@ -523,9 +524,11 @@ class Recorder(TorchFunctionMode):
                 if not all(e is not None and any(b in freeing for b in e[3]) for e in entries):
                     continue
                 small = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], (), (), (), (), seq, None, rec[OP_GRAD], None)
-                for key, e in zip(range(seq[0], seq[1]), entries):
-                    if type(e) is list:  # tuples: smaller, and graph.take makes a list again if needed
-                        nodes[key] = (e[0], tuple(e[1]), e[2], tuple(e[3]), e[4])
+                ran_by = tuple(entries[0][3])
+                if all(tuple(e[3]) == ran_by for e in entries):
+                    droppable.append((seq, ran_by))
+                else:
+                    self._compact_nodes(seq, entries)
             else:
                 key = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], rec[OP_GRAD])
                 small = shared.get(key)
@@ -541,7 +544,17 @@ class Recorder(TorchFunctionMode):
                 metas[t] = (shape,) + meta[1:]
             folded += 1
         self.folded += folded
-        self._fold_checkpoints(upto)
+        emptied = self._fold_checkpoints(upto)
+        for seq, ran_by in droppable:
+            # Nodes that only freeing backward calls ran, all of which found nothing, made by an
+            # op whose tensors are gone: only a later walk can meet them again (a carried graph),
+            # and all it needs to know is which calls ran them. One key range per step is kept.
+            if all(b in emptied for b in ran_by):
+                for key in range(seq[0], seq[1]):
+                    del nodes[key]
+                self._note_folded_nodes(seq[0], seq[1], ran_by)
+            else:
+                self._compact_nodes(seq, [nodes[key] for key in range(seq[0], seq[1])])
         self.folded_upto = upto
         self.fold_at = upto + 2 * _FOLD_EVERY
 
@@ -557,7 +570,7 @@ class Recorder(TorchFunctionMode):
             if ops[index][OP_WR] is not None:
                 writes.append(index)
         at = self.checkpoints_folded
-        dropped = 0
+        emptied = set()
         while at < len(cps) and cps[at][0] < upto:
             cp = cps[at]
             at += 1
@@ -573,9 +586,33 @@ class Recorder(TorchFunctionMode):
                               for index in writes[first:last] for w in ops[index][OP_WR]):
                 continue
             cps[at - 1] = cp[:3] + ((),) + cp[4:]
-            dropped += 1
+            emptied.add(cp[0])
         self.checkpoints_folded = at
-        self.folded_backwards += dropped
+        self.folded_backwards += len(emptied)
+        return emptied
+
+    def _compact_nodes(self, seq, entries):
+        nodes = self.graph_nodes
+        for key, e in zip(range(seq[0], seq[1]), entries):
+            if type(e) is list:  # tuples: smaller, and graph.take makes a list again if needed
+                nodes[key] = (e[0], tuple(e[1]), e[2], tuple(e[3]), e[4])
+
+    def _note_folded_nodes(self, first, end, ran_by):
+        ranges = self.folded_nodes
+        if ranges and ranges[-1][1] == first and ranges[-1][2] == ran_by:
+            ranges[-1] = (ranges[-1][0], end, ranges[-1][2])
+        else:
+            ranges.append((first, end, ran_by))
+
+    def folded_node_runs(self, key):
+        """The backward calls that ran a node _fold dropped, or () for any other node."""
+        ranges = self.folded_nodes
+        if not ranges or key < 0:
+            return ()
+        i = bisect.bisect_right(ranges, (key, float("inf"))) - 1
+        if i >= 0 and ranges[i][0] <= key < ranges[i][1]:
+            return ranges[i][2]
+        return ()
 
     def _folded_records(self):
         shared = self.__dict__.get("folded_records")
@@ -619,6 +656,8 @@ class Recorder(TorchFunctionMode):
         part.freeing_backwards = {i - start for i in self.freeing_backwards if i >= start}
         part.too_deep = part.folded = part.folded_backwards = 0
         part.folded_upto = part.fold_at = sys.maxsize  # nothing more is recorded into it
+        part.folded_nodes = [(first, end, tuple(b - start for b in ran_by if b >= start))
+                             for first, end, ran_by in self.folded_nodes]
         for name in ("pointer_index", "pointer_indexed", "folded_records", "interned_shapes", "shared_tuples"):
             part.__dict__.pop(name, None)
         return part
