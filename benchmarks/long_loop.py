@@ -109,7 +109,23 @@ def main() -> None:
         r = measure("MLP x%d steps %s" % (args.steps, "capture" if captured else "plain"),
                     lambda: mlp_loop(args.steps), args.steps * mlp_ops, captured)
         _row(r)
-    print("(MLP: %d ops per step; bytes/op kept = RSS growth while the block ran, after gc + malloc_trim)" % mlp_ops)
+    print("(MLP: %d ops per step, an optimizer step being one; bytes/op kept = RSS growth while the block ran, "
+          "after gc + malloc_trim)" % mlp_ops)
+    # Per step, over a loop long enough to fold: what a training loop keeps for each extra step.
+    steps = (args.steps, 4 * args.steps)
+    kept = []
+    for n in steps:
+        trim()
+        start = rss()
+        with ja.capture() as trace:
+            mlp_loop(n)
+        trim()
+        kept.append(rss() - start)
+        del trace
+        trim()
+    print("MLP kept per extra step, %d -> %d steps: %.0f bytes (%.0f per op)" % (
+        steps[0], steps[1], (kept[1] - kept[0]) / (steps[1] - steps[0]),
+        (kept[1] - kept[0]) / (steps[1] - steps[0]) / mlp_ops))
     # What stays after `del trace` is the allocator keeping the peak's pages (Python's arenas and
     # glibc's heap cannot always give them back), not objects we hold: the same block run again
     # reuses them, so it does not grow.
