@@ -159,3 +159,34 @@ def test_a_differentiable_optimizer_is_recorded_call_by_call():
     assert _step_ops(trace) == []
     assert len([op for op in trace.ops if op.writes and op.location.source == "opt.step()"]) == 2
     assert torch.equal(weights[0], torch.full((3,), -0.1))
+
+
+class _Wrapping(torch.optim.SGD):
+    """A step that runs another optimizer's step inside its own (torch's own step code for both)."""
+
+    def __init__(self, params, inner):
+        super().__init__(params, lr=0.1)
+        self.inner = inner
+
+    def step(self, closure=None):
+        self.inner.step()
+        return super().step(closure)
+
+    step.__module__ = "torch.optim.sgd"  # as if torch's: the outer step is summarised too
+
+
+def test_a_step_inside_another_ends_only_its_own():
+    model = _model()
+    first, second = list(model.parameters())[:2], list(model.parameters())[2:]
+    opt = _Wrapping(first, torch.optim.Adam(second, lr=0.1))
+    x = torch.randn(3, 4)
+    with ja.capture(namespace={"model": model}) as trace:
+        model(x).sum().backward()
+        opt.step()
+        after = torch.ones(2) * 3  # recorded as usual once the outer step is over
+    steps = _step_ops(trace)
+    assert [op.name for op in steps] == ["_Wrapping.step"]
+    assert {trace.tensors[t].name for t in steps[0].writes if trace.tensors[t].name} >= {
+        "model.0.weight", "model.0.bias", "model.2.weight", "model.2.bias"}
+    assert [op.location.source for op in trace.ops][-1] == "after = torch.ones(2) * 3"
+    assert trace.diagnoses == [] and trace.warnings == []

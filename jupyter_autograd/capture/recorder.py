@@ -106,7 +106,7 @@ def _before_optimizer_step(optimizer, args, kwargs):
     """Note the parameters an optimizer updates (the missing-grad rule asks which ones got none),
     and record the step as one op (see Recorder.begin_step)."""
     recorder = getattr(_state, "recorder", None)
-    if recorder is None or recorder.off is not None:
+    if recorder is None or (recorder.off is not None and recorder.off is not _STEPPING):
         return None
     try:
         with _all_torch_function_off():  # the mode is on in a hook: our reads would be recorded
@@ -122,7 +122,7 @@ def _before_optimizer_step(optimizer, args, kwargs):
 
 def _after_optimizer_step(optimizer, args, kwargs):
     recorder = getattr(_state, "recorder", None)
-    if recorder is not None and recorder.off is _STEPPING:
+    if recorder is not None and recorder.off is _STEPPING and recorder.step[5] is optimizer:
         try:
             recorder.end_step()
         except Exception as exc:  # never let the tool break the user's step
@@ -407,23 +407,27 @@ class Recorder(TorchFunctionMode):
         they were most of what capture cost in a training step. Not for a step that takes a
         closure (forward and backward run inside it), an optimizer whose step is not torch's own
         (it may write anything), or a differentiable one (its calls make graph nodes)."""
-        step = getattr(type(optimizer), "step", None)  # args: (optimizer, closure?)
-        if (len(args) > 1 or kwargs or not getattr(step, "__module__", "").startswith("torch.optim.")
-                or optimizer.defaults.get("differentiable")):
-            return
         with _all_torch_function_off():
             tensors = [p for group in optimizer.param_groups for p in group["params"] if isinstance(p, _Tensor)]
             tensors += [v for state in optimizer.state.values() if isinstance(state, dict)
                         for v in state.values() if isinstance(v, _Tensor)]
             versions = _versions(tensors)
+        if self.step is not None:  # a step run inside the one being recorded: its writes are part of it
+            outer = self.step
+            self.step = outer[:1] + (outer[1] + tensors, outer[2] + versions) + outer[3:]
+            return
+        step = getattr(type(optimizer), "step", None)  # args: (optimizer, closure?)
+        if (len(args) > 1 or kwargs or not getattr(step, "__module__", "").startswith("torch.optim.")
+                or optimizer.defaults.get("differentiable")):
+            return
         self.step = (_step_op(type(optimizer), step), tensors, versions, self._user_line(_getframe(1)),
-                     _grad_enabled())
+                     _grad_enabled(), optimizer)
         self.step_depth = 0
         self.off = _STEPPING
 
     def end_step(self):
         """The step is over: its post-hook ran, or its profiler scope closed as it raised."""
-        (func, tensors, before, (code, line), grad), self.step, self.off = self.step, None, None
+        (func, tensors, before, (code, line), grad, _), self.step, self.off = self.step, None, None
         with _all_torch_function_off():
             after = _versions(tensors)
             changed = [i for i, (b, a) in enumerate(zip(before, after)) if a != b]
