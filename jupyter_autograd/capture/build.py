@@ -331,8 +331,9 @@ def _number(v) -> str:
 def _ops(recorder, trace, locations):
     op_modules = recorder.op_modules
     trace.modules = dict(getattr(recorder, "module_classes", {}))
+    funcs = recorder.funcs
     for index, rec in enumerate(recorder.ops):
-        func = rec[OP_FUNC]
+        func = funcs[rec[OP_FUNC]]
         written = rec[OP_WR] or ()
         err = rec[OP_ERR]
         op = OpRecord(index=index, name=op_name(func), location=locations.get((id(rec[OP_CODE]), rec[OP_LINE])),

@@ -42,6 +42,8 @@ _Tensor = torch.Tensor
 _DATA_GETTER = torch.Tensor.data.__get__
 _GETTER_TYPE = type(_DATA_GETTER)
 _BACKWARD_FUNCS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
+# Ops whose records folding never drops (`.data`, backward calls): the first function ids.
+_KEPT_FUNCS = (_DATA_GETTER, torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
 _is_compiling = torch.compiler.is_compiling
 _next_seq = torch._C._autograd._get_sequence_nr  # the sequence number the next grad_fn node gets
 _grad_enabled = torch.is_grad_enabled
@@ -61,7 +63,7 @@ _NOT_RECORDED = frozenset(_BACKWARD_FUNCS | {_PROFILER_ENTER, _PROFILER_EXIT})
 _SCALARS = frozenset({int, float, bool, complex, type(None), str, torch.dtype, torch.device, torch.Size})
 
 # An op record is a flat tuple (cheap to build, invisible to the cyclic GC's hot lists):
-# (func, code, lineno, input tids, versions before, versions after, output tids,
+# (function id (Recorder.funcs), code, lineno, input tids, versions before, versions after, output tids,
 #  (first, end) sequence numbers of the grad_fn nodes it made or None, written byte ranges or None,
 #  grad enabled, error or None)
 # A version is None for an inference tensor, which has no version counter.
@@ -226,6 +228,10 @@ class Recorder(TorchFunctionMode):
         self.write_positions = []      # op indices that wrote, in order, up to folded_upto (see _fold_checkpoints)
         self.checkpoints_folded = 1    # checkpoints before this position were looked at by _fold_checkpoints
         self.folded_backwards = 0      # backward calls whose saved-tensor slots were dropped
+        # An op record names its function by index into `funcs`: a record holding the function itself
+        # would stay tracked by the cyclic GC, and every full collection of a long loop walks them all.
+        self.funcs = list(_KEPT_FUNCS)
+        self.func_ids = {f: i for i, f in enumerate(self.funcs)}
         self.folded_nodes = []         # (first key, end key, backward op indices that ran them): nodes _fold dropped
         self.step = None               # while an optimizer step runs: what begin_step noted (one op)
         self.step_depth = 0            # profiler scopes opened inside that step
@@ -371,7 +377,10 @@ class Recorder(TorchFunctionMode):
             if t_id is None or refs[t_id]() is not t:
                 t_id = self._register(t, None, None)
             in_ids.append(t_id)
-        ops.append((func, code, line, tuple(in_ids), before, after, outputs, seq,
+        func_id = self.func_ids.get(func)
+        if func_id is None:
+            func_id = self._new_func_id(func)
+        ops.append((func_id, code, line, tuple(in_ids), before, after, outputs, seq,
                     written, _grad_enabled(), None if error is None else (type(error).__name__, str(error))))
         if index >= self.fold_at:
             self._fold(index - _FOLD_EVERY)
@@ -436,7 +445,10 @@ class Recorder(TorchFunctionMode):
         index = len(self.ops)
         if written:
             self.last_write = index
-        self.ops.append((func, code, line, tids, tuple(before[i] for i in changed),
+        func_id = self.func_ids.get(func)
+        if func_id is None:
+            func_id = self._new_func_id(func)
+        self.ops.append((func_id, code, line, tids, tuple(before[i] for i in changed),
                          tuple(after[i] for i in changed), (), None, written, grad, None))
         if index >= self.fold_at:
             self._fold(index - _FOLD_EVERY)
@@ -450,6 +462,11 @@ class Recorder(TorchFunctionMode):
             self.step_depth -= 1
         else:
             self.end_step()
+
+    def _new_func_id(self, func):
+        self.func_ids[func] = len(self.funcs)
+        self.funcs.append(func)
+        return len(self.funcs) - 1
 
     def known(self, t):
         """The tid of a tensor seen before, or None. An id can be reused once its tensor is gone:
@@ -516,8 +533,7 @@ class Recorder(TorchFunctionMode):
                 # step: the tuples naming them are shared between steps.
                 ops[index] = rec[:6] + (_shared(tuples, rec[OP_OUT]), None, _shared(tuples, rec[OP_WR])) + rec[9:]
                 continue
-            if (rec[OP_WR] is not None or rec[OP_ERR] is not None or rec[OP_FUNC] == _DATA_GETTER
-                    or rec[OP_FUNC] in _BACKWARD_FUNCS):
+            if rec[OP_WR] is not None or rec[OP_ERR] is not None or rec[OP_FUNC] < len(_KEPT_FUNCS):
                 continue
             outs = rec[OP_OUT]
             if any(refs[t]() is not None for t in outs):
