@@ -7,6 +7,7 @@ backward would), so the prediction cannot drift from what backward does.
 """
 from __future__ import annotations
 
+import gc
 import re
 
 import torch
@@ -52,6 +53,19 @@ def saved_names(node):
 
 
 def take(recorder, roots, op_index, kind, inputs=(), retain=True):
+    """The walk below, with the cyclic GC held off: it wraps thousands of nodes and saved tensors
+    in Python objects, and the collections they set off cost more than the walk (a 6,000-node
+    chain: 50 ms of walk, 20 to 50 ms of collections). No code of the user's runs meanwhile."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _walk(recorder, roots, op_index, kind, inputs, retain)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
     """Walk the graph from root tensors (or nodes); return (op_index, kind, root keys, slots,
     input keys, retain).
 
