@@ -231,20 +231,29 @@ def _accumulated_graphs(trace: Trace) -> List[Diagnosis]:
     consumed = set(consumed_at)
     current: Dict[int, int] = {}        # tid -> key of its grad_fn now, as the ops run
     links: Dict[object, list] = {}       # location -> [(op, linked tid, consumed key)]
-    made_at: Dict[int, tuple] = {}       # tid -> (location, execution) of the op that made or wrote it
-    chained: Dict[object, int] = {}      # location -> uses of what an earlier execution of the line made
+    made_at: Dict[int, tuple] = {}       # tid -> (line id, execution) of the op that made or wrote it
+    chained: Dict[int, int] = {}         # line id -> uses of what an earlier execution of the line made
+    # Lines as small ints: ops of one line share one Location object, and comparing ints is what
+    # makes this pass linear in practice (a dataclass __eq__ per input costs a long loop seconds).
+    line_ids: Dict[int, int] = {}
+    by_value: Dict[object, int] = {}
     execution, previous = 0, None
     for op in trace.ops:
-        if op.is_backward or op.location is None:
-            continue
-        if op.location != previous:  # consecutive ops of one line are one execution of it
-            execution, previous = execution + 1, op.location
         loc = op.location
+        if op.is_backward or loc is None:
+            continue
+        lid = line_ids.get(id(loc))
+        if lid is None:
+            lid = line_ids[id(loc)] = by_value.setdefault(loc, len(by_value))
+        if lid != previous:  # consecutive ops of one line are one execution of it
+            execution, previous = execution + 1, lid
         # The accumulator: what an earlier execution of this line made, itself never backpropagated
         # (a carried state that each backward consumes is another story: graph-freed).
-        if any(made_at.get(t, (None, execution))[0] == loc and made_at[t][1] < execution
-               and current.get(t) not in consumed for t in op.inputs):
-            chained[loc] = chained.get(loc, 0) + 1
+        for t in op.inputs:
+            made = made_at.get(t)
+            if made is not None and made[0] == lid and made[1] < execution and current.get(t) not in consumed:
+                chained[lid] = chained.get(lid, 0) + 1
+                break
         if op.node is not None and op.node not in consumed:
             for t_id in op.inputs:
                 key = current.get(t_id)
@@ -252,13 +261,13 @@ def _accumulated_graphs(trace: Trace) -> List[Diagnosis]:
                     links.setdefault(loc, []).append((op, t_id, key))
                     break
         for t_id in op.outputs + op.writes:
-            made_at[t_id] = (loc, execution)
+            made_at[t_id] = (lid, execution)
             if op.node is not None:
                 current[t_id] = op.node
     out = []
     for loc, found in links.items():
         runs = {consumed_at[key] for _, _, key in found}
-        if chained.get(loc, 0) < 1 or len(runs) < 2:
+        if chained.get(by_value[loc], 0) < 1 or len(runs) < 2:
             continue
         op, linked, key = found[-1]
         name = _assigned_name(trace, op) or trace.tensor_label(op.outputs[0] if op.outputs else None)
