@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import _signal
+import gc
 import sys
 import threading
 import warnings
@@ -392,6 +393,18 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
     error = None if exc is None else "%s: %s" % (type(exc).__name__, exc)
 
     def build() -> Trace:
+        # As in build_trace, through the diagnoses: they allocate while the whole new trace is
+        # young, and each collection would walk it again (the chain's diagnoses: 6 ms alone, 40
+        # with the collector on). No code of the user's runs here.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return analyse()
+        finally:
+            if enabled:
+                gc.enable()
+
+    def analyse() -> Trace:
         try:
             with torch._C.DisableTorchFunctionSubclass():
                 trace = build_trace(recorder, live, names, error)
