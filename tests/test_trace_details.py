@@ -76,3 +76,49 @@ def test_meta_tensors_are_never_matched_by_memory():
         y = (a * b).sum()
         b.data.add_(1)
     assert trace.diagnoses == []
+
+
+def test_the_op_that_made_each_node_is_the_one_op_of_seq_finds():
+    """build._made_by walks sorted keys and ranges together; it must agree with the recorder's
+    bisect, including when a custom Function's inner calls are recorded before it."""
+    import importlib
+
+    build = importlib.import_module("jupyter_autograd.capture.build")
+    recorder_module = importlib.import_module("jupyter_autograd.capture.recorder")
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    for custom in (False, True):
+        w = torch.ones(3, requires_grad=True)
+        with ja.capture(namespace={}):
+            recorder = recorder_module._state.recorder
+            h = w
+            for _ in range(20):
+                h = (Double.apply(h) if custom else h * 2).tanh() + 1
+            h.sum().backward()
+            expected = {k: recorder.op_of_seq(k) for k in recorder.graph_nodes if k >= 0}
+            made = build._made_by(recorder)
+        assert len(expected) > 40
+        assert made == {k: v for k, v in expected.items() if v is not None}
+
+
+def test_made_by_falls_back_to_bisecting_when_ranges_are_out_of_order():
+    import importlib
+
+    build = importlib.import_module("jupyter_autograd.capture.build")
+    recorder_module = importlib.import_module("jupyter_autograd.capture.recorder")
+    stub = recorder_module.Recorder.__new__(recorder_module.Recorder)
+    stub.node_ranges = [(4, 6, 1), (2, 8, 2), (9, 10, 3)]  # an outer call recorded after an inner one
+    stub.graph_nodes = {k: None for k in (-1, 2, 3, 4, 5, 7, 9, 11)}
+    assert build._made_by(stub) == {k: v for k in stub.graph_nodes if k >= 0
+                                    if (v := stub.op_of_seq(k)) is not None}
+    stub.node_ranges.sort()
+    assert build._made_by(stub) == {k: v for k in stub.graph_nodes if k >= 0
+                                    if (v := stub.op_of_seq(k)) is not None}

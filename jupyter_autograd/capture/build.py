@@ -297,6 +297,8 @@ def _referenced_tensors(recorder, live, names_found) -> set:
 
 def _plain_shape(shape) -> tuple:
     """Sizes as ints; a symbolic size (a nested tensor's ragged dimension) as its text."""
+    if type(shape) is tuple and all(type(size) is int for size in shape):
+        return shape  # recorded shapes are plain tuples already
     out = []
     for size in shape:
         try:
@@ -339,7 +341,8 @@ def _ops(recorder, trace, locations):
         op = OpRecord(index=index, name=op_name(func), location=locations.get((id(rec[OP_CODE]), rec[OP_LINE])),
                       module=op_modules.get(index, ()),
                       inputs=rec[OP_IN], outputs=rec[OP_OUT], versions_before=rec[OP_VB], versions_after=rec[OP_VA],
-                      writes=tuple(w[0] for w in written), write_ranges=tuple(w[1] for w in written),
+                      writes=tuple(w[0] for w in written) if written else (),
+                      write_ranges=tuple(w[1] for w in written) if written else (),
                       grad_enabled=rec[OP_GRAD], node=rec[OP_SEQ],
                       error=None if err is None else "%s: %s" % err, is_backward=func in _BACKWARD_FUNCS)
         trace.ops.append(op)
@@ -355,9 +358,27 @@ def _ops(recorder, trace, locations):
                 info.versions.append((index, 0))
 
 
+def _made_by(recorder) -> Dict[int, int]:
+    """Node key -> the op that made it: the recorder's node ranges and the sorted keys walked
+    together (one bisect per node cost as much as the rest of the graph's build)."""
+    ranges, made = recorder.node_ranges, {}
+    keys = sorted(k for k in recorder.graph_nodes if k >= 0)
+    if any(ranges[i][0] > ranges[i + 1][0] for i in range(len(ranges) - 1)):
+        # Not in order (a custom Function records its inner calls first): bisect as op_of_seq does.
+        return {key: index for key in keys if (index := recorder.op_of_seq(key)) is not None}
+    at, n = -1, len(ranges)
+    for key in keys:  # as op_of_seq: the last range starting at or before the key, if it holds it
+        while at + 1 < n and ranges[at + 1][0] <= key:
+            at += 1
+        if at >= 0 and key < ranges[at][1]:
+            made[key] = ranges[at][2]
+    return made
+
+
 def _graph(recorder, trace):
+    made_by = _made_by(recorder)
     for key, (name, inputs, variable, consumed, _seen) in recorder.graph_nodes.items():
-        trace.nodes[key] = GraphNode(key=key, name=name, created_by=None if key < 0 else recorder.op_of_seq(key),
+        trace.nodes[key] = GraphNode(key=key, name=name, created_by=made_by.get(key),
                                      inputs=[k for k in inputs if k is not None], variable=variable,
                                      consumed_by=list(consumed))
     # The node an op made for its result: the live tensor's grad_fn where known, else the
@@ -381,13 +402,17 @@ def _graph(recorder, trace):
             if key in trace.nodes:
                 info.grad_fn = trace.nodes[key].name
     latest: Dict[tuple, SavedSlot] = {}
+    dtype_names: Dict[object, str] = {}
     for op_index, kind, roots, raw_slots, inputs, retain in recorder.checkpoints:
         cp = Checkpoint(op_index=op_index, kind=kind, roots=list(roots), inputs=[k for _, k in inputs],
                         input_tids=[t for t, _ in inputs], retain=retain)
         for raw in raw_slots:
             slot = SavedSlot(*raw)
             slot.shape = _plain_shape(slot.shape)
-            slot.dtype = str(slot.dtype).replace("torch.", "")
+            dtype = dtype_names.get(slot.dtype)
+            if dtype is None:
+                dtype = dtype_names[slot.dtype] = str(slot.dtype).replace("torch.", "")
+            slot.dtype = dtype
             cp.slots.append(slot)
             prev = latest.get((slot.node, slot.slot))
             if prev is None or not prev.stale or slot.stale:
