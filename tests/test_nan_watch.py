@@ -74,3 +74,71 @@ def test_the_always_on_leaf_flag_on_cpu_reads_a_sum_and_confirms_an_overflow():
         bad.sqrt().sum().backward()  # SQRT: the gradient at 0 is inf
     assert [d.kind for d in trace.diagnoses] == ["nan-gradient"]
     assert trace.diagnoses[0].tensor == "bad"
+
+
+def _chain_with_a_sqrt_at(step_of_sqrt, steps=2000):
+    """A recurrent chain whose step `step_of_sqrt` takes the square root of 0 (finite, but its
+    gradient is inf); every node's gradient is small, so they are read in batches."""
+    torch.manual_seed(0)
+    w = torch.full((4,), 0.5, requires_grad=True)
+    xs = torch.randn(steps, 4)
+    with ja.capture(check_nan=True) as trace:
+        h = torch.zeros(4)
+        for t in range(steps):
+            h = torch.tanh(h * w + xs[t])
+            if t == step_of_sqrt:
+                h = h + (h * 0).sqrt()
+        h.sum().backward()
+    return trace
+
+
+def test_a_nan_deep_in_a_batched_chain_is_found_where_the_direct_read_finds_it(monkeypatch):
+    batched = _chain_with_a_sqrt_at(300)
+    monkeypatch.setattr(nan_watch, "_BATCHED_NUMEL", -1)  # every gradient read in its own hook
+    direct = _chain_with_a_sqrt_at(300)
+    assert batched.nan_origin["name"] == direct.nan_origin["name"] == "SqrtBackward0"
+    assert batched.nan_origin["facts"] == direct.nan_origin["facts"]
+    assert batched.nan_origin["facts"]["result"]["zeros"] == 4
+    origin = batched.nodes[batched.nan_origin["node"]]
+    assert batched.ops[origin.created_by].location.source == "h = h + (h * 0).sqrt()"
+    assert [d.message for d in batched.diagnoses] == [d.message for d in direct.diagnoses]
+
+
+def test_a_batched_node_comes_before_a_large_one_that_is_also_not_finite():
+    x = torch.tensor([0.0, 1.0], requires_grad=True)
+    big = torch.ones(10_000, requires_grad=True)
+    with ja.capture(check_nan=True) as trace:
+        first = x.sqrt()  # SQRT: its gradient at 0 is inf, a small gradient, batched
+        spread = (big * first.sum()).sum()  # the inf reaches a 10,000-element gradient after it
+        spread.backward()
+    assert trace.nan_origin["name"] == "SqrtBackward0"
+
+
+def test_an_overflowing_batch_sum_is_not_a_nan():
+    x = torch.full((64,), 3e38, requires_grad=True)
+    with ja.capture(check_nan=True) as trace:
+        y = (x * 1.0) * 1.0
+        y.backward(torch.full((64,), 3e38))  # finite gradients whose float32 sums overflow
+    assert trace.nan_origin is None and trace.diagnoses == []
+
+
+def test_a_failure_in_a_hook_never_reaches_the_users_backward(monkeypatch):
+    def broken(self):
+        raise ValueError("planted")
+
+    monkeypatch.setattr(nan_watch.NanWatch, "_flush", broken)
+    def grad_of(length, capture):
+        w = torch.ones(3, requires_grad=True)
+        with capture as trace:
+            y = w * 0.5
+            for _ in range(length):
+                y = y.sin()
+            y.sum().backward()
+        return w.grad, trace
+
+    import contextlib
+    for length in (1, 600):  # read when the backward call ends; read from inside a hook
+        plain, _ = grad_of(length, contextlib.nullcontext())
+        captured, trace = grad_of(length, ja.capture(check_nan=True))
+        assert torch.equal(captured, plain)
+        assert any("planted" in warning for warning in trace.warnings)

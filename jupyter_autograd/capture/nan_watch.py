@@ -75,20 +75,24 @@ class NanWatch:
     """Post-hooks on the nodes of one backward call; the first node that makes a non-finite
     gradient out of finite ones is stored in recorder.nan_origin.
 
-    What one hook costs is what check_nan costs (a few thousand nodes in a recurrent chain), so
-    the common case is one reduction and one float per gradient: a CPU float32/float64 gradient
-    is summed and the sum read (no sync on a CPU); only a sum that is not finite (NaN, Inf, or a
-    sum of finite values that overflowed) is looked at element by element. A gradient on another
-    device is never read in the hook, which would wait for the device at every node: its flag
-    (not finite) stays a device tensor, and the flags are read together, once, when the backward
-    call returns (every later node of the call takes the same path, so the order still decides). For those nodes the saved inputs that explain a NaN (FACT_NODES) are kept until
-    then, as the node frees them once it ran."""
+    What one hook costs is what check_nan costs (thousands of nodes in a recurrent chain), so
+    no hook reads much. Small CPU float gradients (up to _BATCHED_NUMEL elements) are kept and
+    read in batches: one flatten and one sum per dtype; only a batch whose sum is not finite (a
+    NaN, an Inf, or an overflow) is looked at node by node, in the order the nodes ran. A larger
+    CPU gradient is summed on its own, after the batch before it. A gradient on another device
+    is never read in the hook, which would wait for the device at every node: its flag stays a
+    device tensor, and the flags are read together, once, when the backward call returns (every
+    later node of the call takes the same path, so the order still decides). For nodes read
+    after they ran, the saved inputs that explain a NaN (FACT_NODES) are taken in the hook, as
+    the node frees them once it ran."""
 
     def __init__(self, recorder, backward_index):
         self.recorder = recorder
         self.backward_index = backward_index
         self.handles = []
         self.deferred = []  # (node, [device flags: gradient not finite], saved values), in the order nodes ran
+        self.pending = []   # (node, its small CPU gradients, saved values), not read yet, in the order nodes ran
+        self.pending_numel = 0
 
     def attach(self, nodes):
         # A closure and a handle per node, thousands of them: a collection of the whole heap (the
@@ -109,13 +113,27 @@ class NanWatch:
         handles, self.handles = self.handles, []
         for handle in handles:
             handle.remove()
-        deferred, self.deferred = self.deferred, []
-        if deferred and self.recorder.nan_origin is None:
-            with _no_subclass_dispatch():
-                self._read_deferred(deferred)
+        pending, deferred = self.pending, self.deferred
+        self.pending, self.pending_numel, self.deferred = [], 0, []
+        try:
+            if pending and self.recorder.nan_origin is None:
+                self.pending = pending
+                self._flush()
+            if deferred and self.recorder.nan_origin is None:
+                with _no_subclass_dispatch():
+                    self._read_deferred(deferred)
+        except Exception as exc:  # the user's backward has returned: its result matters more
+            self.recorder._fail(exc)
 
     def _hook_for(self, fn):
         def hook(grad_inputs, grad_outputs):
+            try:
+                return check(grad_inputs)
+            except Exception as exc:  # never let the tool break the user's backward
+                self.recorder._fail(exc)
+                return None
+
+        def check(grad_inputs):
             if self.recorder.nan_origin is not None:
                 return None
             if self.deferred:  # an earlier node's flags are unread: this one cannot be judged alone
@@ -123,6 +141,22 @@ class NanWatch:
                     return self._defer(fn, grad_inputs)
             # Nodes run in order and every earlier node's outputs were finite, so this node's
             # incoming gradients are: the first non-finite output seen is where it starts.
+            small = True
+            for g in grad_inputs:
+                if g is not None and not (type(g) is _Tensor and g.is_cpu and g.dtype in _SUMMED
+                                          and g.layout is _STRIDED and g.numel() <= _BATCHED_NUMEL):
+                    small = False
+                    break
+            if small:  # read later, with the others of its batch (one sum for them all)
+                grads = [g for g in grad_inputs if g is not None]
+                if grads:
+                    self.pending.append((fn, grads, _saved_if_explaining(fn)))
+                    self.pending_numel += sum(g.numel() for g in grads)
+                    if len(self.pending) >= _BATCH or self.pending_numel >= _BATCH_NUMEL:
+                        self._flush()
+                return None
+            if self.pending and self._flush():
+                return None
             for g in grad_inputs:
                 if g is None:
                     continue
@@ -141,14 +175,36 @@ class NanWatch:
             return None
         return hook
 
+    def _flush(self) -> bool:
+        """Read the pending small CPU gradients: one flatten and one sum per dtype. Only if a sum
+        is not finite (a NaN or Inf, or an overflow) are they looked at node by node, in order.
+        True if a node was found."""
+        pending, self.pending, self.pending_numel = self.pending, [], 0
+        by_dtype = {}
+        for _, grads, _ in pending:
+            for g in grads:
+                by_dtype.setdefault(g.dtype, []).append(g)
+        with _no_subclass_dispatch(), torch.no_grad():
+            if all(math.isfinite(_flatten(grads).sum()) for grads in by_dtype.values()):
+                return False
+            for fn, grads, saved in pending:
+                bad = sum(1 for g in grads if not bool(torch.isfinite(g).all()))
+                if bad:
+                    self.recorder.nan_origin = (self.backward_index, fn._sequence_nr(), _short_name(fn),
+                                                describe(saved, bad, fn))
+                    return True
+        return False
+
     def _found(self, fn, grad_inputs):
         with _no_subclass_dispatch():
             self.recorder.nan_origin = (self.backward_index, fn._sequence_nr(), _short_name(fn),
                                         describe_inputs(fn, grad_inputs))
 
     def _defer(self, fn, grad_inputs):
+        if self.pending and self._flush():
+            return None
         flags = [_nonfinite(g) for g in grad_inputs if g is not None]
-        saved = saved_values(fn) if _short_name(fn).rstrip("0123456789").removesuffix("Backward") in FACT_NODES else ()
+        saved = _saved_if_explaining(fn)
         self.deferred.append((fn, flags, saved))
 
     def _read_deferred(self, deferred):
@@ -167,6 +223,22 @@ class NanWatch:
 
 def _short_name(fn):
     return fn.name().rpartition("::")[2]
+
+
+def _saved_if_explaining(fn):
+    """The node's saved inputs, read while it still holds them, if they can explain a NaN."""
+    explains = _explaining.get(type(fn))
+    if explains is None:
+        explains = _explaining[type(fn)] = _short_name(fn).rstrip("0123456789").removesuffix("Backward") in FACT_NODES
+    return saved_values(fn) if explains else ()
+
+
+_explaining = {}  # node type -> whether FACT_NODES has it
+_flatten = torch._C._nn.flatten_dense_tensors  # many tensors into one, in one call
+# Small CPU gradients are read in batches: per node, a sum and a float read cost more than the node.
+_BATCHED_NUMEL = 4096  # elements of a gradient read in a batch; a larger one is read on its own
+_BATCH = 256           # nodes per batch
+_BATCH_NUMEL = 1 << 20  # elements held per batch at most
 
 
 # The nodes whose saved inputs explain a NaN (diagnose/flow.py's table of causes): Sqrt, Log, ...
@@ -212,7 +284,10 @@ def describe(saved, bad_outputs, fn):
             "min": float(values.min()) if values.numel() and not values.is_complex() else None,
         }
     for attr in ("_saved_exponent", "_saved_other", "_saved_p", "_saved_ord"):
-        value = getattr(fn, attr, None)
+        try:
+            value = getattr(fn, attr, None)
+        except RuntimeError:  # a saved tensor the node already freed (it ran before we read it)
+            continue
         if isinstance(value, (int, float)):
             facts[attr[len("_saved_"):]] = value
     return facts
