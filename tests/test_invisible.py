@@ -731,7 +731,7 @@ def test_a_folded_node_met_again_by_a_later_backward():
     assert trace.warnings == []
 
 
-def test_op_records_leave_the_cyclic_gc_alone():
+def test_op_records_and_graph_nodes_leave_the_cyclic_gc_alone():
     """Every full collection walks every tracked object: in a long loop, records that stayed
     tracked made the collections, not the recording, a fifth of the cost per op. A record holds
     ints, tuples and code objects only, so the collector untracks it within its first passes,
@@ -749,4 +749,6 @@ def test_op_records_leave_the_cyclic_gc_alone():
             gc.collect()
         tracked = [rec for rec in recorder.ops if gc.is_tracked(rec)]
         metas = [meta for meta in recorder.tensor_meta if gc.is_tracked(meta)]
+        nodes = [e for key, e in recorder.graph_nodes.items() if key >= 0 and gc.is_tracked(e)]
     assert len(recorder.ops) > 50 and tracked == [] and metas == []
+    assert len(recorder.graph_nodes) >= 2 and nodes == []  # a leaf's entry is a list, the others tuples

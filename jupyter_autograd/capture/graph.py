@@ -69,8 +69,8 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
     """Walk the graph from root tensors (or nodes); return (op_index, kind, root keys, slots,
     input keys, retain).
 
-    Node structure is merged into recorder.graph_nodes: key -> [name, input keys, leaf tid,
-    backward op indices that ran it, op index of the last checkpoint that saw it]. Slots are tuples:
+    Node structure is merged into recorder.graph_nodes: key -> (name, input keys, leaf tid,
+    backward op indices that ran it, op index of the last checkpoint that saw it). Slots are tuples:
     (node key, slot, tid, shape, dtype, saved_version, current_version, stale, freed, byte range,
     is_output, hooked). `inputs` are the tensors a backward call differentiates for (autograd.grad's
     inputs, backward's inputs=); `retain` says whether that call keeps the graph's buffers.
@@ -98,14 +98,22 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
         children = [c for c, _ in fn.next_functions]
         if entry is None:
             variable = recorder._tid(fn.variable) if type(fn) is _ACCUMULATE_GRAD else None
-            child_keys = [None if c is None else node_key(c, recorder) for c in children]
-            entry = nodes[key] = [_node_name(fn), child_keys, variable, list(recorder.folded_node_runs(key)), op_index]
-        elif type(entry) is tuple:  # compacted by the recorder's folding: a later walk met it again
-            entry = nodes[key] = [entry[0], list(entry[1]), entry[2], list(entry[3]), op_index]
+            child_keys = tuple([None if c is None else node_key(c, recorder) for c in children])
+            name, runs = _node_name(fn), recorder.folded_node_runs(key)
         else:
-            entry[4] = op_index
-        if backward is not None and (not entry[3] or entry[3][-1] != backward):  # indices only grow
-            entry[3].append(backward)
+            name, child_keys, variable, runs = entry[0], entry[1], entry[2], entry[3]
+        if backward is not None and (not runs or runs[-1] != backward):  # indices only grow
+            if type(runs) is list:
+                runs.append(backward)
+            else:
+                runs = runs + (backward,)
+        # A tuple of ints and strings leaves the cyclic GC (a list would be tracked, and walked by
+        # every full collection, for every node of a long loop). A leaf's AccumulateGrad is run by
+        # every backward of a training loop: its runs stay a list, one per leaf.
+        if key < 0:
+            entry = nodes[key] = [name, child_keys, variable, runs if type(runs) is list else list(runs), op_index]
+        else:
+            entry = nodes[key] = (name, child_keys, variable, tuple(runs), op_index)
         if entry[2] is not None:
             leaves.append(entry[2])
         for c in children:

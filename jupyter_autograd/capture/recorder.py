@@ -203,7 +203,7 @@ class Recorder(TorchFunctionMode):
         self.node_ranges = []          # (first, end) grad_fn sequence numbers made by an op, and its index
         self.checkpoints = []          # graph snapshots taken before each backward call
         self.names = {}                # tid -> name, from frames seen at backward calls
-        self.graph_nodes = {}          # node key -> [name, input keys, leaf tid, backward op indices, last seen]
+        self.graph_nodes = {}          # node key -> (name, input keys, leaf tid, backward op indices, last seen)
         self.retained = {}             # backward op index -> whether that call kept the graph's buffers
         self.walked_nodes = ()         # grad_fn nodes of the last backward's walk (for check_nan), dropped at once
         self.walked_leaves = ()        # tids of the leaves that walk reached
@@ -547,8 +547,6 @@ class Recorder(TorchFunctionMode):
                 ran_by = tuple(entries[0][3])
                 if all(tuple(e[3]) == ran_by for e in entries):
                     droppable.append((seq, ran_by))
-                else:
-                    self._compact_nodes(seq, entries)
             else:
                 key = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], rec[OP_GRAD])
                 small = shared.get(key)
@@ -573,8 +571,6 @@ class Recorder(TorchFunctionMode):
                 for key in range(seq[0], seq[1]):
                     del nodes[key]
                 self._note_folded_nodes(seq[0], seq[1], ran_by)
-            else:
-                self._compact_nodes(seq, [nodes[key] for key in range(seq[0], seq[1])])
         self.folded_upto = upto
         self.fold_at = upto + 2 * _FOLD_EVERY
 
@@ -610,12 +606,6 @@ class Recorder(TorchFunctionMode):
         self.checkpoints_folded = at
         self.folded_backwards += len(emptied)
         return emptied
-
-    def _compact_nodes(self, seq, entries):
-        nodes = self.graph_nodes
-        for key, e in zip(range(seq[0], seq[1]), entries):
-            if type(e) is list:  # tuples: smaller, and graph.take makes a list again if needed
-                nodes[key] = (e[0], tuple(e[1]), e[2], tuple(e[3]), e[4])
 
     def _note_folded_nodes(self, first, end, ran_by):
         ranges = self.folded_nodes
