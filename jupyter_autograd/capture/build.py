@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import gc
 import io
 import linecache
@@ -148,6 +149,7 @@ _NOT_MODULES = {"torch", "F", "nn", "np", "math", "len", "print", "float", "int"
                 "list", "tuple", "range", "zip", "enumerate", "isinstance", "super", "str", "repr", "dict"}
 
 
+@functools.lru_cache(maxsize=1024)  # the same call line, block after block of a training loop
 def _single_callee(text: str) -> Optional[str]:
     try:
         tree = ast.parse(_without_comment(text))
