@@ -142,3 +142,29 @@ def test_a_failure_in_a_hook_never_reaches_the_users_backward(monkeypatch):
         captured, trace = grad_of(length, ja.capture(check_nan=True))
         assert torch.equal(captured, plain)
         assert any("planted" in warning for warning in trace.warnings)
+
+
+def test_nodes_that_only_move_gradients_get_no_hook_and_the_origin_is_still_found():
+    """A view, a transpose, a ReLU or a plain addition cannot make a NaN out of finite values:
+    they are not watched, and the first node that made the NaN is still the one reported."""
+    torch.manual_seed(0)
+    x = torch.tensor([[0.0, 4.0], [1.0, 9.0]], requires_grad=True)
+    hooked = []
+    real_hook_for = nan_watch.NanWatch._hook_for
+
+    def counting(self, fn):
+        hooked.append(fn.name())
+        return real_hook_for(self, fn)
+
+    import pytest
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(nan_watch.NanWatch, "_hook_for", counting)
+        with ja.capture(check_nan=True) as trace:
+            root = x.sqrt()  # SQRT: inf gradient at 0
+            y = (root.t().relu() + root.view(2, 2).t()) * 2.0
+            y.sum().backward()
+    assert trace.nan_origin["name"] == "SqrtBackward0"
+    assert set(hooked) == {"SqrtBackward0", "MulBackward0", "SumBackward0"}
+    a = torch.ones(2, requires_grad=True)
+    assert not nan_watch._passes_through(torch.add(a, a, alpha=3.0).grad_fn)  # scales: watched
+    assert nan_watch._passes_through((a + a).grad_fn)

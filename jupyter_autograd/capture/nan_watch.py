@@ -102,7 +102,7 @@ class NanWatch:
         try:
             handles, hook_for = self.handles, self._hook_for
             for fn in nodes:
-                if type(fn) is not _ACCUMULATE_GRAD:
+                if type(fn) is not _ACCUMULATE_GRAD and not _passes_through(fn):
                     handles.append(fn.register_hook(hook_for(fn)))
         finally:
             if enabled:
@@ -234,6 +234,31 @@ def _saved_if_explaining(fn):
 
 
 _explaining = {}  # node type -> whether FACT_NODES has it
+
+
+def _passes_through(fn) -> bool:
+    """A node whose outgoing gradients are its incoming ones moved, selected or negated: it
+    cannot make a NaN or Inf out of finite values, so it needs no hook (the first non-finite
+    output is still found, at the node that made it). Sums (expand, overlapping pools) and
+    casts (an overflow to Inf) are not in this list."""
+    cls = type(fn)
+    passes = _passing.get(cls)
+    if passes is None:
+        passes = _passing[cls] = _short_name(fn).rstrip("0123456789").removesuffix("Backward") in _PASS_THROUGH
+    if passes and cls in _SCALED:  # x + alpha * y: alpha scales one gradient
+        try:
+            return fn._saved_alpha == 1
+        except Exception:
+            return False
+    return passes
+
+
+_passing = {}  # node type -> whether its name is in _PASS_THROUGH
+_PASS_THROUGH = frozenset(("View", "ReshapeAlias", "UnsafeView", "Permute", "Transpose", "T", "Squeeze",
+                           "Unsqueeze", "Select", "Slice", "Clone", "Relu", "Threshold", "Cat", "Split",
+                           "SplitWithSizes", "Unbind", "Stack", "Neg", "Add", "Sub", "Alias"))
+_SCALED = frozenset(getattr(torch._C._functions, name) for name in ("AddBackward0", "SubBackward0")
+                    if hasattr(torch._C._functions, name))
 _flatten = torch._C._nn.flatten_dense_tensors  # many tensors into one, in one call
 # Small CPU gradients are read in batches: per node, a sum and a float read cost more than the node.
 _BATCHED_NUMEL = 4096  # elements of a gradient read in a batch; a larger one is read on its own
