@@ -140,9 +140,8 @@ def _name_outermost_modules(recorder, module_names):
         callee = _single_callee(linecache.getline(filename, line).strip())
         if callee:
             module_names[id(module)] = callee
-            for name, sub in module.named_modules():
-                if name:
-                    module_names.setdefault(id(sub), "%s.%s" % (callee, name))
+            for module_id, dotted in _module_tree(module, callee).modules:
+                module_names.setdefault(module_id, dotted)
 
 
 _NOT_MODULES = {"torch", "F", "nn", "np", "math", "len", "print", "float", "int", "sum", "max", "min", "abs",
@@ -175,17 +174,18 @@ def _module_parameters(recorder, module_names):
     for module, _ in _outermost_modules(recorder):
         owner = module_names.get(id(module)) or type(module).__name__
         try:
-            named = list(module.named_parameters())
+            named = _module_tree(module, owner).params
         except Exception:
             continue
-        for pname, p in named:
-            out.setdefault(recorder._tid(p), (owner, "%s.%s" % (owner, pname)))
+        for dotted, p in named:
+            out.setdefault(recorder._tid(p), (owner, dotted))
     return out
 
 
 def _name_module_paths(recorder, module_names):
     """Replace the module objects of each op's module path by dotted names (net.encoder.layers.0)."""
     by_path = {}
+    children = {}  # id(parent) -> {id(child): its attribute name}
     classes = recorder.module_classes = {}
     for index, path in list(recorder.op_modules.items()):
         named = by_path.get(id(path))
@@ -194,7 +194,12 @@ def _name_module_paths(recorder, module_names):
             for module in path:
                 name = module_names.get(id(module))
                 if name is None and parent is not None:
-                    child = next((k for k, m in parent.named_children() if m is module), None)
+                    names = children.get(id(parent))
+                    if names is None:
+                        names = children[id(parent)] = {}
+                        for k, m in parent.named_children():
+                            names.setdefault(id(m), k)
+                    child = names.get(id(module))
                     name = "%s.%s" % (parent_name, child) if child is not None else None
                 name = name or type(module).__name__
                 classes[name] = type(module).__name__
@@ -436,30 +441,97 @@ def _namespace_names(recorder, namespaces) -> Dict[int, str]:
     spaces += list(recorder.user_globals.values())
     params: Dict[int, str] = {}
     modules: Dict[int, str] = {}
+    kinds = _value_kinds
     for ns in spaces:
         for name, value in list(ns.items()):
-            if name.startswith("_") or name in ("In", "Out"):
+            # A notebook's namespace holds hundreds of names, scanned at the end of every block:
+            # the kind of each value is looked up by its exact type (isinstance on torch.Tensor
+            # goes through a metaclass and costs several times more).
+            cls = type(value)
+            kind = kinds.get(cls)
+            if kind is None:
+                kind = _value_kind(cls)
+            if not kind or name.startswith("_") or name in ("In", "Out"):
                 continue
-            if isinstance(value, torch.Tensor):
+            if kind is _TENSOR:
                 t_id = known(value)
                 if t_id is not None:
                     found.setdefault(t_id, name)
-            elif isinstance(value, torch.nn.Module):
-                try:
-                    for pname, p in list(value.named_parameters()) + list(value.named_buffers()):
-                        t_id = known(p)
-                        if t_id is not None:
-                            params.setdefault(t_id, "%s.%s" % (name, pname))
-                    if recorder.modules:
-                        for mname, m in value.named_modules():
-                            modules.setdefault(id(m), "%s.%s" % (name, mname) if mname else name)
-                except Exception:
-                    continue
+                continue
+            try:
+                tree = _module_tree(value, name)
+            except Exception:
+                continue
+            for dotted, p in tree.params + tree.buffers:
+                t_id = known(p)
+                if t_id is not None:
+                    params.setdefault(t_id, dotted)
+            if recorder.modules:
+                for module_id, dotted in tree.modules:
+                    modules.setdefault(module_id, dotted)
     for t_id, name in params.items():
         found.setdefault(t_id, name)
     for t_id, name in recorder.names.items():
         found.setdefault(t_id, name)
     return found, modules
+
+
+_TENSOR, _MODULE = "tensor", "module"
+_value_kinds = {}  # exact type -> _TENSOR, _MODULE or "" (neither)
+
+
+def _value_kind(cls):
+    kind = _TENSOR if issubclass(cls, torch.Tensor) else _MODULE if issubclass(cls, torch.nn.Module) else ""
+    if len(_value_kinds) < 10_000:  # types made on the fly (one per call) must not grow it for ever
+        _value_kinds[cls] = kind
+    return kind
+
+
+class _ModuleTree:
+    """A module's parameters and buffers, then its submodules, by dotted name (as
+    named_parameters, named_buffers and named_modules give them, first occurrence of each).
+    Read from the module dicts in one walk: the three generators cost several times more, and
+    the end of every block of a training loop runs this."""
+
+    __slots__ = ("params", "buffers", "modules")
+
+    def __init__(self, module, name):
+        params, buffers, modules = [], [], []
+        seen_tensors, seen_modules = set(), set()
+        todo = [(name, module)]
+        while todo:
+            prefix, m = todo.pop()
+            if id(m) in seen_modules:
+                continue
+            seen_modules.add(id(m))
+            modules.append((id(m), prefix))
+            for store, out in ((m._parameters, params), (m._buffers, buffers)):
+                for pname, p in store.items():
+                    if p is not None and id(p) not in seen_tensors:
+                        seen_tensors.add(id(p))
+                        out.append(("%s.%s" % (prefix, pname), p))
+            children = [("%s.%s" % (prefix, child), sub) for child, sub in m._modules.items() if sub is not None]
+            todo.extend(reversed(children))
+        self.params, self.buffers, self.modules = params, buffers, modules
+
+
+def _module_tree(module, name):
+    if type(module).named_parameters is not _NAMED_PARAMETERS or type(module).named_modules is not _NAMED_MODULES:
+        return _GeneratorModuleTree(module, name)  # a module that names its own (FSDP wrappers, ...)
+    return _ModuleTree(module, name)
+
+
+class _GeneratorModuleTree:
+    __slots__ = ("params", "buffers", "modules")
+
+    def __init__(self, module, name):
+        self.params = [("%s.%s" % (name, pname), p) for pname, p in module.named_parameters()]
+        self.buffers = [("%s.%s" % (name, pname), p) for pname, p in module.named_buffers()]
+        self.modules = [(id(m), "%s.%s" % (name, mname) if mname else name) for mname, m in module.named_modules()]
+
+
+_NAMED_PARAMETERS = torch.nn.Module.named_parameters
+_NAMED_MODULES = torch.nn.Module.named_modules
 
 
 def _names(trace, found: Dict[int, str]):

@@ -80,26 +80,33 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
     for r in roots:
         fn = r.grad_fn if isinstance(r, torch.Tensor) else r
         if fn is not None:
-            stack.append(fn)
-            root_keys.append(node_key(fn, recorder))
+            key = node_key(fn, recorder)
+            stack.append((fn, key))
+            root_keys.append(key)
     slots, leaves = [], []
     by_pointer = _PointerIndex(recorder)
     backward = op_index if kind == "backward" else None
     last_write = recorder.last_write
+    folded_runs = recorder.folded_node_runs if recorder.folded_nodes else None
+    retained = recorder.retained
+    accumulate_grad = _ACCUMULATE_GRAD
     while stack:
-        fn = stack.pop()
+        fn, key = stack.pop()
         if id(fn) in held:
             continue
         held[id(fn)] = fn
-        key = node_key(fn, recorder)
         entry = nodes.get(key)
         if entry is not None and backward is None and entry[4] > last_write:
             continue  # walked before, and nothing was written since: the same subgraph, the same slots
-        children = [c for c, _ in fn.next_functions]
+        # Each child's key is computed once, here, and travels with it on the stack (a leaf's key
+        # costs a tensor lookup).
+        children = [(c, None if c is None else
+                     -1 - recorder._tid(c.variable) if type(c) is accumulate_grad else c._sequence_nr())
+                    for c, _ in fn.next_functions]
         if entry is None:
-            variable = recorder._tid(fn.variable) if type(fn) is _ACCUMULATE_GRAD else None
-            child_keys = tuple([None if c is None else node_key(c, recorder) for c in children])
-            name, runs = _node_name(fn), recorder.folded_node_runs(key)
+            variable = recorder._tid(fn.variable) if type(fn) is accumulate_grad else None
+            child_keys = tuple([k for _, k in children])
+            name, runs = _node_name(fn), folded_runs(key) if folded_runs is not None else ()
         else:
             name, child_keys, variable, runs = entry[0], entry[1], entry[2], entry[3]
         if backward is not None and (not runs or runs[-1] != backward):  # indices only grow
@@ -112,12 +119,11 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
         # every backward of a training loop: its runs stay a list, one per leaf.
         if key < 0:
             entry = nodes[key] = [name, child_keys, variable, runs if type(runs) is list else list(runs), op_index]
+            leaves.append(variable)
         else:
-            entry = nodes[key] = (name, child_keys, variable, tuple(runs), op_index)
-        if entry[2] is not None:
-            leaves.append(entry[2])
+            entry = nodes[key] = (name, child_keys, None, tuple(runs), op_index)
         for c in children:
-            if c is not None and id(c) not in held:
+            if c[0] is not None and id(c[0]) not in held:
                 stack.append(c)
         names = saved_names(fn)
         if names:
@@ -126,7 +132,11 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
             check = made_by is None or last_write > made_by
             # An empty slot is freed if a backward that did not retain the graph ran this node
             # before; otherwise it was never saved (its input needed no gradient).
-            ran_before = any(b < op_index and not recorder.retained.get(b, False) for b in entry[3])
+            ran_before = False
+            for b in entry[3]:
+                if b < op_index and not retained.get(b, False):
+                    ran_before = True
+                    break
             for name, raw_attr, check_attr in names:
                 slots.extend(_slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check,
                                        ran_before))
@@ -178,7 +188,10 @@ def _slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check=T
         items = [(name, raw)]
     stale, versions = None, None
     out = []
-    hooked = any(saved.unpack_hook is not None for _, saved in items)
+    if len(items) == 1:
+        hooked = items[0][1].unpack_hook is not None
+    else:
+        hooked = any(saved.unpack_hook is not None for _, saved in items)
     for slot, saved in items:
         if hooked:
             # Packed by a saved-tensor hook (checkpointing, save_on_cpu, the user's own): checking
