@@ -683,6 +683,43 @@ def test_a_long_training_loop_keeps_the_backward_calls_that_matter(planted, monk
     assert trained
 
 
+def test_folding_keeps_little_per_step_and_changes_nothing_the_trace_says(monkeypatch):
+    """What a folded training step leaves behind is shared or packed: one record per line for
+    every folded op (node ranges live in columns), one row for equal tensors (the op that made
+    each in a column), no map entry for a tensor that is gone, and a parameter's list of
+    backward runs that does not grow with the loop. The trace says the same about every op and
+    tensor as without folding."""
+    steps = 3 * _TRAINING_WINDOW
+    monkeypatch.setattr(recorder_module, "_FOLD_EVERY", 1 << 40)  # nothing is folded
+    with ja.capture(namespace={}) as whole:
+        _train(steps, False)
+    monkeypatch.setattr(recorder_module, "_FOLD_EVERY", _TRAINING_WINDOW)
+    with ja.capture(namespace={}) as trace:
+        recorder = recorder_module._state.recorder
+        _train(steps, False)
+        folded_ops = [rec for rec in recorder.ops[:recorder.folded_upto] if not rec[3] and not rec[6]
+                      and rec[0] >= len(recorder_module._KEPT_FUNCS)]
+        live_tids = sum(ref() is not None for ref in recorder.refs)
+        tid_map, rows = len(recorder.tid_of), {id(row) for row in recorder.tensor_meta}
+        leaf_runs = [len(e[3]) for key, e in recorder.graph_nodes.items() if key < 0]
+    assert recorder.folded > steps and whole.notes == []
+    assert len({id(rec) for rec in folded_ops}) <= 8  # one per (function, line): the loop has six
+    assert len(rows) < len(recorder.tensor_meta) // 4
+    assert tid_map <= live_tids + 2 * 7 * _TRAINING_WINDOW  # at most the two windows not yet folded
+    assert leaf_runs and max(leaf_runs) < steps // 2
+    assert len(trace.ops) == len(whole.ops)
+
+    def relative(t):
+        base = next(op.node for op in t.ops if op.node is not None)  # the node each op made, by key
+        return [(op.name, op.location and op.location.line, op.is_backward,
+                 None if op.node is None else op.node - base) for op in t.ops]
+
+    assert relative(trace) == relative(whole)
+    for t_id, info in trace.tensors.items():
+        assert info.created_by == whole.tensors[t_id].created_by and info.shape == whole.tensors[t_id].shape
+    assert trace.diagnoses == whole.diagnoses == [] and trace.warnings == []
+
+
 def test_a_dropped_node_met_again_by_a_later_backward():
     """As below, with the graph made after the first window: the node of `h = w * w` (its tensor
     gone, its graph freed) is dropped from the recorder, keeping only which backward ran it. It

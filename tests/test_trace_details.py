@@ -115,10 +115,13 @@ def test_made_by_falls_back_to_bisecting_when_ranges_are_out_of_order():
     build = importlib.import_module("jupyter_autograd.capture.build")
     recorder_module = importlib.import_module("jupyter_autograd.capture.recorder")
     stub = recorder_module.Recorder.__new__(recorder_module.Recorder)
-    stub.node_ranges = [(4, 6, 1), (2, 8, 2), (9, 10, 3)]  # an outer call recorded after an inner one
+    rows = [(4, 6, 1), (2, 8, 2), (9, 10, 3)]  # an outer call recorded after an inner one
+    stub.node_ranges = recorder_module.NodeRanges(rows)
     stub.graph_nodes = {k: None for k in (-1, 2, 3, 4, 5, 7, 9, 11)}
+    assert not stub.node_ranges.in_order()
     assert build._made_by(stub) == {k: v for k in stub.graph_nodes if k >= 0
                                     if (v := stub.op_of_seq(k)) is not None}
-    stub.node_ranges.sort()
+    stub.node_ranges = recorder_module.NodeRanges(sorted(rows))
+    assert stub.node_ranges.in_order()
     assert build._made_by(stub) == {k: v for k in stub.graph_nodes if k >= 0
                                     if (v := stub.op_of_seq(k)) is not None}

@@ -261,9 +261,12 @@ def _without_comment(line: str) -> str:
 def _tensors(recorder, trace, live, names_found):
     names: Dict[object, str] = {}
     metas = recorder.tensor_meta
+    folded_created = len(recorder.folded_created)
     wanted = _referenced_tensors(recorder, live, names_found) if recorder.folded else None
     for t_id, meta in enumerate(metas) if wanted is None else ((t, metas[t]) for t in sorted(wanted)):
         shape, dtype, device, requires_grad, is_leaf, created_by, base, alias_of = meta
+        if created_by is None and folded_created:
+            created_by = recorder.created_by(t_id)
         dtype_name = names.get(dtype) or names.setdefault(dtype, str(dtype).replace("torch.", ""))
         device_name = names.get(device) or names.setdefault(device, str(device))
         info = TensorInfo(tid=t_id, shape=_plain_shape(shape), dtype=dtype_name,
@@ -341,16 +344,20 @@ def _ops(recorder, trace, locations):
     op_modules = recorder.op_modules
     trace.modules = dict(getattr(recorder, "module_classes", {}))
     funcs = recorder.funcs
+    nodes_of = recorder.nodes_of
     for index, rec in enumerate(recorder.ops):
         func = funcs[rec[OP_FUNC]]
         written = rec[OP_WR] or ()
         err = rec[OP_ERR]
+        before, after = rec[OP_VB], rec[OP_VA]
+        if type(before) is not tuple:  # packed by _fold
+            before, after = tuple(before), tuple(after)
         op = OpRecord(index=index, name=op_name(func), location=locations.get((id(rec[OP_CODE]), rec[OP_LINE])),
                       module=op_modules.get(index, ()),
-                      inputs=rec[OP_IN], outputs=rec[OP_OUT], versions_before=rec[OP_VB], versions_after=rec[OP_VA],
+                      inputs=rec[OP_IN], outputs=rec[OP_OUT], versions_before=before, versions_after=after,
                       writes=tuple(w[0] for w in written) if written else (),
                       write_ranges=tuple(w[1] for w in written) if written else (),
-                      grad_enabled=rec[OP_GRAD], node=rec[OP_SEQ],
+                      grad_enabled=rec[OP_GRAD], node=nodes_of(index, rec),
                       error=None if err is None else "%s: %s" % err, is_backward=func in _BACKWARD_FUNCS)
         trace.ops.append(op)
         for t_id, vb, va in zip(op.inputs, op.versions_before, op.versions_after):
@@ -370,15 +377,16 @@ def _made_by(recorder) -> Dict[int, int]:
     together (one bisect per node cost as much as the rest of the graph's build)."""
     ranges, made = recorder.node_ranges, {}
     keys = sorted(k for k in recorder.graph_nodes if k >= 0)
-    if any(ranges[i][0] > ranges[i + 1][0] for i in range(len(ranges) - 1)):
+    if not ranges.in_order():
         # Not in order (a custom Function records its inner calls first): bisect as op_of_seq does.
         return {key: index for key in keys if (index := recorder.op_of_seq(key)) is not None}
+    firsts, ends, indices = ranges.firsts, ranges.ends, ranges.indices
     at, n = -1, len(ranges)
     for key in keys:  # as op_of_seq: the last range starting at or before the key, if it holds it
-        while at + 1 < n and ranges[at + 1][0] <= key:
+        while at + 1 < n and firsts[at + 1] <= key:
             at += 1
-        if at >= 0 and key < ranges[at][1]:
-            made[key] = ranges[at][2]
+        if at >= 0 and key < ends[at]:
+            made[key] = indices[at]
     return made
 
 

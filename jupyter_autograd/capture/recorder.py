@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import operator
+from array import array
 import os
 import site
 import sys
@@ -186,6 +187,104 @@ def _remove_all_hooks():
         raise failure
 
 
+class NodeRanges:
+    """The grad_fn sequence numbers [first, end) each op made, with the op's index, in op order:
+    three columns of machine ints (24 bytes an op, where a tuple of three ints cost about 150; a
+    training loop adds several per step, for the whole block)."""
+
+    __slots__ = ("firsts", "ends", "indices")
+
+    def __init__(self, rows=()):
+        self.firsts, self.ends, self.indices = array("q"), array("q"), array("q")
+        for first, end, index in rows:
+            self.add(first, end, index)
+
+    def add(self, first, end, index):
+        self.firsts.append(first)
+        self.ends.append(end)
+        self.indices.append(index)
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __iter__(self):
+        return zip(self.firsts, self.ends, self.indices)
+
+    def op_of_seq(self, seq):
+        """The op during which the node with this sequence number was made, or None (the last
+        range starting at or before it, if it holds it)."""
+        firsts = self.firsts
+        i = bisect.bisect_right(firsts, seq) - 1
+        if i >= 0 and seq < self.ends[i]:
+            return self.indices[i]
+        return None
+
+    def of_op(self, index):
+        """(first, end) of the nodes op `index` made, or None."""
+        indices = self.indices
+        i = bisect.bisect_left(indices, index)
+        if i < len(indices) and indices[i] == index:
+            return (self.firsts[i], self.ends[i])
+        return None
+
+    def in_order(self):
+        """Whether the ranges are sorted by first sequence number (a custom Function records its
+        inner calls first, then its own range around them)."""
+        firsts = self.firsts
+        return all(firsts[i] <= firsts[i + 1] for i in range(len(firsts) - 1))
+
+
+class FoldedNodes:
+    """Key ranges [first, end) of graph nodes that _fold dropped, with the backward calls that ran
+    them, in key order: columns of machine ints (a training loop adds one range per step), the
+    calls as one index where one call ran them (almost always), else in `several`."""
+
+    __slots__ = ("firsts", "ends", "ran_by", "several")
+
+    def __init__(self, rows=()):
+        self.firsts, self.ends, self.ran_by, self.several = array("q"), array("q"), array("q"), {}
+        for first, end, ran_by in rows:
+            self.add(first, end, ran_by)
+
+    def add(self, first, end, ran_by):
+        """Add a range; one that continues the last with the same calls extends it."""
+        n = len(self.firsts)
+        if n and self.ends[n - 1] == first and self._runs(n - 1) == ran_by:
+            self.ends[n - 1] = end
+            return
+        at = n if not n or self.firsts[n - 1] <= first else bisect.bisect_right(self.firsts, first)
+        if at < n:  # an outer custom Function's range, dropped after its inner ones': keep key order
+            self.several = {(i + 1 if i >= at else i): runs for i, runs in self.several.items()}
+        self.firsts.insert(at, first)
+        self.ends.insert(at, end)
+        if len(ran_by) == 1:
+            self.ran_by.insert(at, ran_by[0])
+        else:
+            self.ran_by.insert(at, -1)
+            self.several[at] = ran_by
+
+    def _runs(self, i):
+        single = self.ran_by[i]
+        return (single,) if single >= 0 else self.several[i]
+
+    def __len__(self):
+        return len(self.firsts)
+
+    def __iter__(self):
+        return ((self.firsts[i], self.ends[i], self._runs(i)) for i in range(len(self.firsts)))
+
+    def runs_of(self, key):
+        """The backward calls that ran the dropped node `key`, or () for any other node."""
+        i = bisect.bisect_right(self.firsts, key) - 1
+        if i >= 0 and key < self.ends[i]:
+            return self._runs(i)
+        return ()
+
+
+# In the record of a folded op that made nodes: its range is in node_ranges (NodeRanges.of_op), so
+# that the record itself can be shared by every folded op of its line.
+NODES_IN_RANGES = (-1, -1)
+
 _FOLD_EVERY = 4096  # ops between two folding passes; the first and the latest such window stay whole
 
 
@@ -200,7 +299,7 @@ class Recorder(TorchFunctionMode):
         self.last_write = -1           # index of the last op that wrote a tensor
         self.internal_code = {}        # id(code) -> (code, _USER, _INTERNAL (torch, us) or _LIBRARY (site-packages))
         self.user_globals = {}         # id(dict) -> globals dict of user frames (names, resolved at the end)
-        self.node_ranges = []          # (first, end) grad_fn sequence numbers made by an op, and its index
+        self.node_ranges = NodeRanges()  # (first, end) grad_fn sequence numbers made by an op, and its index
         self.checkpoints = []          # graph snapshots taken before each backward call
         self.names = {}                # tid -> name, from frames seen at backward calls
         self.graph_nodes = {}          # node key -> (name, input keys, leaf tid, backward op indices, last seen)
@@ -232,7 +331,10 @@ class Recorder(TorchFunctionMode):
         # would stay tracked by the cyclic GC, and every full collection of a long loop walks them all.
         self.funcs = list(_KEPT_FUNCS)
         self.func_ids = {f: i for i, f in enumerate(self.funcs)}
-        self.folded_nodes = []         # (first key, end key, backward op indices that ran them): nodes _fold dropped
+        self.folded_nodes = FoldedNodes()  # (first key, end key, backward op indices that ran them): nodes _fold dropped
+        self.folded_created = array("q")  # per tid, for rows _fold shared: the op that made it, or -1
+        self.interned_rows = {}        # equal tensor_meta rows of folded tensors, kept once
+        self.shared_tuples = {}        # equal tuples of tids in kept records (see _shared)
         self.step = None               # while an optimizer step runs: what begin_step noted (one op)
         self.step_depth = 0            # profiler scopes opened inside that step
 
@@ -346,7 +448,7 @@ class Recorder(TorchFunctionMode):
         outputs, seq = (), None
         if seq_end != seq_start:  # grad_fn nodes were made during this call: [start, end)
             seq = (seq_start, seq_end)
-            self.node_ranges.append((seq_start, seq_end, index))
+            self.node_ranges.add(seq_start, seq_end, index)
         # Tids, with known() written out: an id can be reused once its tensor is gone, the weak
         # reference tells the same tensor from a new one at the same address. Outputs first,
         # then inputs (an in-place call on a tensor new to us is where it was "created").
@@ -501,11 +603,20 @@ class Recorder(TorchFunctionMode):
 
     def op_of_seq(self, seq):
         """The op during which the grad_fn node with this sequence number was made, or None."""
-        ranges = self.node_ranges
-        i = bisect.bisect_right(ranges, (seq, float("inf"))) - 1
-        if i >= 0 and ranges[i][0] <= seq < ranges[i][1]:
-            return ranges[i][2]
-        return None
+        return self.node_ranges.op_of_seq(seq)
+
+    def nodes_of(self, index, rec):
+        """(first, end) of the grad_fn nodes op `index` made (its record `rec`), or None."""
+        seq = rec[OP_SEQ]
+        return self.node_ranges.of_op(index) if seq is NODES_IN_RANGES else seq
+
+    def created_by(self, t_id):
+        """The op that made tensor t_id, or None (folded rows keep it in a column of their own)."""
+        made = self.tensor_meta[t_id][5]
+        if made is None and t_id < len(self.folded_created):
+            made = self.folded_created[t_id]
+            return made if made >= 0 else None
+        return made
 
     def _fail(self, exc):
         self.failure = self.off = "%s: %s" % (type(exc).__name__, exc)
@@ -516,22 +627,23 @@ class Recorder(TorchFunctionMode):
         nothing, raised nothing, every tensor they returned is gone, and the autograd nodes they
         made, if any, were all run by a backward call that freed them (no retain_graph), so no
         later backward or check can need their tensors. Such an op keeps its slot (indices stay
-        valid), its function, line and node range; without nodes, its record is one tuple
-        shared by every folded op of that line. A tensor it made keeps its row in tensor_meta
-        (with a shared shape) and loses its weak reference. What was folded is said in the trace.
-        Only what lies at least one window behind the newest op is folded, and never the first
-        window: the first and the last iterations of a loop stay whole."""
+        valid) and one record shared by every folded op of its line (its node range stays in
+        node_ranges). A tensor it made keeps a row shared by all equal rows (the op that made it
+        moves to folded_created) and loses its weak reference. What was folded is said in the
+        trace. Only what lies at least one window behind the newest op is folded, and never the
+        first window: the first and the last iterations of a loop stay whole."""
         ops, refs, metas, shared = self.ops, self.refs, self.tensor_meta, self._folded_records()
-        shapes = self._shapes()
-        tuples = self.__dict__.setdefault("shared_tuples", {})
+        shapes, rows, made_by = self._shapes(), self.interned_rows, self.folded_created
+        tuples = self.shared_tuples
         op_modules, nodes, freeing = self.op_modules, self.graph_nodes, self.freeing_backwards
         folded, droppable = 0, []
         for index in range(self.folded_upto, upto):
             rec = ops[index]
             if rec[OP_WR] is not None and rec[OP_ERR] is None and rec[OP_SEQ] is None:
                 # A write keeps its record, but an optimizer writes the same parameters at every
-                # step: the tuples naming them are shared between steps.
-                ops[index] = rec[:6] + (_shared(tuples, rec[OP_OUT]), None, _shared(tuples, rec[OP_WR])) + rec[9:]
+                # step: the tuples naming them are shared between steps, the versions packed.
+                ops[index] = rec[:3] + (_shared(tuples, rec[OP_IN]), _packed(rec[OP_VB]), _packed(rec[OP_VA]),
+                                        _shared(tuples, rec[OP_OUT]), None, _shared(tuples, rec[OP_WR])) + rec[9:]
                 continue
             if rec[OP_WR] is not None or rec[OP_ERR] is not None or rec[OP_FUNC] < len(_KEPT_FUNCS):
                 continue
@@ -543,23 +655,29 @@ class Recorder(TorchFunctionMode):
                 entries = [nodes.get(key) for key in range(seq[0], seq[1])]
                 if not all(e is not None and any(b in freeing for b in e[3]) for e in entries):
                     continue
-                small = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], (), (), (), (), seq, None, rec[OP_GRAD], None)
                 ran_by = tuple(entries[0][3])
                 if all(tuple(e[3]) == ran_by for e in entries):
                     droppable.append((seq, ran_by))
-            else:
-                key = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], rec[OP_GRAD])
-                small = shared.get(key)
-                if small is None:
-                    small = shared[key] = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], (), (), (), (), None, None,
-                                           rec[OP_GRAD], None)
+            key = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], rec[OP_GRAD], seq is not None)
+            small = shared.get(key)
+            if small is None:
+                small = shared[key] = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], (), (), (), (),
+                                       None if seq is None else NODES_IN_RANGES, None, rec[OP_GRAD], None)
             ops[index] = small
             op_modules.pop(index, None)
             for t in outs:
                 refs[t] = _DEAD
                 meta = metas[t]
                 shape = shapes.setdefault(tuple(meta[0]), tuple(meta[0]))
-                metas[t] = (shape,) + meta[1:]
+                row = (shape,) + meta[1:5] + (None,) + meta[6:]
+                if meta[6] is None and meta[7] is None:  # a view's or alias's row names its base: its own
+                    row = rows.setdefault(row, row)
+                metas[t] = row
+                if meta[5] is not None:
+                    if len(made_by) <= t:
+                        made_by.extend(_NO_OPS[:t + 1 - len(made_by)] if t + 1 - len(made_by) <= len(_NO_OPS)
+                                       else array("q", [-1]) * (t + 1 - len(made_by)))
+                    made_by[t] = meta[5]
             folded += 1
         self.folded += folded
         emptied = self._fold_checkpoints(upto)
@@ -569,10 +687,28 @@ class Recorder(TorchFunctionMode):
             # and all it needs to know is which calls ran them. One key range per step is kept.
             if all(b in emptied for b in ran_by):
                 for key in range(seq[0], seq[1]):
-                    del nodes[key]
-                self._note_folded_nodes(seq[0], seq[1], ran_by)
+                    nodes.pop(key, None)  # an outer custom Function's range holds its inner ops' ranges
+                self.folded_nodes.add(seq[0], seq[1], ran_by)
+        if emptied:
+            self._forget_leaf_runs(emptied)
+        # Ids of tensors that are gone: known() and _tid() check the weak reference anyway, and
+        # the map would otherwise keep an entry for every address a long loop ever used.
+        tid_of = self.tid_of
+        for obj_id in [obj_id for obj_id, t_id in tid_of.items() if refs[t_id]() is None]:
+            del tid_of[obj_id]
         self.folded_upto = upto
         self.fold_at = upto + 2 * _FOLD_EVERY
+
+    def _forget_leaf_runs(self, emptied):
+        """A leaf's AccumulateGrad is run by every backward of a loop: its list of runs would grow
+        by one per step for every parameter. Runs by calls whose slots were dropped (they found
+        nothing) are forgotten, all but the first (what a freed-graph diagnosis names)."""
+        for key, entry in self.graph_nodes.items():
+            if key >= 0:
+                continue
+            runs = entry[3]
+            if len(runs) > 1 and any(b in emptied for b in runs[1:]):
+                runs[1:] = [b for b in runs[1:] if b not in emptied]
 
     def _fold_checkpoints(self, upto):
         """Drop the saved-tensor slots of backward calls before `upto` that found nothing: the
@@ -601,28 +737,17 @@ class Recorder(TorchFunctionMode):
             if ranges and any(w[1] is not None and any(w[1][0] < hi and lo < w[1][1] for lo, hi in ranges)
                               for index in writes[first:last] for w in ops[index][OP_WR]):
                 continue
-            cps[at - 1] = cp[:3] + ((),) + cp[4:]
+            cps[at - 1] = (cp[0], cp[1], tuple(cp[2]), (), tuple(cp[4])) + cp[5:]
             emptied.add(cp[0])
         self.checkpoints_folded = at
         self.folded_backwards += len(emptied)
         return emptied
 
-    def _note_folded_nodes(self, first, end, ran_by):
-        ranges = self.folded_nodes
-        if ranges and ranges[-1][1] == first and ranges[-1][2] == ran_by:
-            ranges[-1] = (ranges[-1][0], end, ranges[-1][2])
-        else:
-            ranges.append((first, end, ran_by))
-
     def folded_node_runs(self, key):
         """The backward calls that ran a node _fold dropped, or () for any other node."""
-        ranges = self.folded_nodes
-        if not ranges or key < 0:
+        if key < 0 or not self.folded_nodes:
             return ()
-        i = bisect.bisect_right(ranges, (key, float("inf"))) - 1
-        if i >= 0 and ranges[i][0] <= key < ranges[i][1]:
-            return ranges[i][2]
-        return ()
+        return self.folded_nodes.runs_of(key)
 
     def _folded_records(self):
         shared = self.__dict__.get("folded_records")
@@ -656,7 +781,9 @@ class Recorder(TorchFunctionMode):
         part.last_write = self.last_write - start if self.last_write >= start else -1
         part.user_globals = dict(self.user_globals)
         part.modules = dict(self.modules)
-        part.node_ranges = [(a, b, i - start) for a, b, i in self.node_ranges if i >= start]
+        part.node_ranges = NodeRanges((a, b, i - start) for a, b, i in self.node_ranges if i >= start)
+        part.folded_created = array("q", [-1 if made < start or made >= end else made - start
+                                          for made in self.folded_created])
         part.checkpoints = [(i - start,) + cp[1:] for cp in self.checkpoints if (i := cp[0]) >= start]
         part.graph_nodes = {key: [e[0], e[1], e[2], [b - start for b in e[3] if b >= start], e[4] - start]
                             for key, e in self.graph_nodes.items() if e[4] >= start}
@@ -666,10 +793,11 @@ class Recorder(TorchFunctionMode):
         part.freeing_backwards = {i - start for i in self.freeing_backwards if i >= start}
         part.too_deep = part.folded = part.folded_backwards = 0
         part.folded_upto = part.fold_at = sys.maxsize  # nothing more is recorded into it
-        part.folded_nodes = [(first, end, tuple(b - start for b in ran_by if b >= start))
-                             for first, end, ran_by in self.folded_nodes]
-        for name in ("pointer_index", "pointer_indexed", "folded_records", "interned_shapes", "shared_tuples"):
+        part.folded_nodes = FoldedNodes((first, end, tuple(b - start for b in ran_by if b >= start))
+                                        for first, end, ran_by in self.folded_nodes)
+        for name in ("pointer_index", "pointer_indexed", "folded_records", "interned_shapes"):
             part.__dict__.pop(name, None)
+        part.shared_tuples, part.interned_rows = {}, {}
         return part
 
     # -- backward calls -------------------------------------------------------------------------
@@ -778,6 +906,17 @@ def _step_op(cls, step):
         op.__qualname__, op.__name__, op.__module__ = cls.__qualname__ + ".step", "step", step.__module__
         _step_ops[cls] = op
     return op
+
+
+_NO_OPS = array("q", [-1]) * 4096
+
+
+def _packed(versions):
+    """Version counters of a kept record as machine ints (an optimizer step lists every
+    parameter and state tensor: as a tuple, each version above 256 is an object of its own)."""
+    if len(versions) < 4 or None in versions:
+        return versions
+    return array("q", versions)
 
 
 def _shared(cache, value):
