@@ -36,15 +36,19 @@ def _global_state():
         grad=torch.is_grad_enabled(),
         anomaly=torch.is_anomaly_enabled(),
         apply=torch.autograd.function.Function.__dict__["apply"],
+        profiler_scope_exit=torch.autograd.profiler.record_function.__dict__["__exit__"],
         forward_pre_hooks=len(nn_module._global_forward_pre_hooks),
         forward_hooks=len(nn_module._global_forward_hooks),
         optimizer_pre_hooks=len(optim_module._global_optimizer_pre_hooks),
+        optimizer_post_hooks=len(optim_module._global_optimizer_post_hooks),
+        forward_hooks_always_called=len(nn_module._global_forward_hooks_always_called),
         recorder=getattr(recorder_module._state, "recorder", None),
         hook_users=recorder_module._hook_users[0],
         warning_filters=warnings.filters,
         showwarnmsg=warnings._showwarnmsg,
         sigint=signal.getsignal(signal.SIGINT),
         recursion_limit=sys.getrecursionlimit(),
+        torch_function=(torch._C._is_torch_function_enabled(), torch._C._is_torch_function_all_disabled()),
     )
 
 
@@ -330,6 +334,36 @@ def _enter_exit_code():
     return codes
 
 
+_UNREACHABLE = {}
+
+
+def _a_signal_can_land_here(frame):
+    """Whether a real SIGINT can interrupt the frame where a line event stops it. Python runs a
+    signal's handler at a function's start, on a loop's jump and after a call, never between a
+    `with` statement's __enter__ and the first instruction of its body, nor between the body's
+    last instruction and the __exit__ call (three LOAD_CONST None, then the call): a line event
+    there is a test's artefact, and would leave a C context manager (ours hide our reads from
+    tensor subclasses) entered for good."""
+    import dis
+
+    code = frame.f_code
+    unreachable = _UNREACHABLE.get(code)
+    if unreachable is None:
+        ins = [x for x in dis.get_instructions(code) if x.opname != "CACHE"]
+        unreachable = set()
+        for i, x in enumerate(ins):
+            if x.opname == "BEFORE_WITH":
+                for y in ins[i + 1:]:
+                    unreachable.add(y.offset)
+                    if y.opname not in ("POP_TOP", "NOP", "STORE_FAST", "STORE_NAME"):
+                        break
+            if ([y.opname for y in ins[i:i + 4]] == ["LOAD_CONST", "LOAD_CONST", "LOAD_CONST", "PRECALL"]
+                    and all(y.argval is None for y in ins[i:i + 3])):
+                unreachable.add(x.offset)
+        _UNREACHABLE[code] = unreachable
+    return frame.f_lasti not in unreachable
+
+
 def test_an_interrupt_on_any_line_of_entry_or_exit_leaves_nothing():
     """A real SIGINT raised at every call and every line of the capture's own enter/exit code,
     one at a time: afterwards nothing of ours is left, whatever the interrupt interrupted."""
@@ -346,7 +380,7 @@ def test_an_interrupt_on_any_line_of_entry_or_exit_leaves_nothing():
                 return None
 
             def local(frame, event, arg):
-                if event in ("call", "line"):
+                if event == "call" or (event == "line" and _a_signal_can_land_here(frame)):
                     seen[0] += 1
                     if seen[0] == target:
                         signal.raise_signal(signal.SIGINT)
@@ -414,13 +448,31 @@ def test_random_interrupts_leave_nothing(ops, runs):
     _check_nothing_left(before)
 
 
+class _RefusingHooks(dict):
+    """A global hook dict of torch's that refuses an insertion, or a removal by pop, once."""
+
+    def __init__(self, refuse):
+        super().__init__()
+        self.refuse, self.refused = refuse, 0
+
+    def __setitem__(self, key, value):
+        if self.refuse == "insert" and not self.refused:
+            self.refused += 1
+            raise RuntimeError("no more hooks")
+        super().__setitem__(key, value)
+
+    def pop(self, *args):
+        if self.refuse == "pop" and not self.refused:
+            self.refused += 1
+            raise RuntimeError("cannot remove")
+        return super().pop(*args)
+
+
 def test_if_the_hooks_cannot_be_installed_the_block_runs_unrecorded(monkeypatch):
     from torch.optim import optimizer as optim_module
 
-    def refuse(hook):
-        raise RuntimeError("no more hooks")
-
-    monkeypatch.setattr(optim_module, "register_optimizer_step_pre_hook", refuse)
+    refusing = _RefusingHooks("insert")
+    monkeypatch.setattr(optim_module, "_global_optimizer_pre_hooks", refusing)
     x = torch.ones(3, requires_grad=True)
     with pytest.warns(RuntimeWarning, match="could not start recording"):
         before = _global_state()
@@ -429,29 +481,21 @@ def test_if_the_hooks_cannot_be_installed_the_block_runs_unrecorded(monkeypatch)
             y = (x * 2).sum()
             y.backward()
         _check_nothing_left(before)
+    assert refusing.refused == 1
     assert torch.equal(x.grad, torch.full((3,), 2.0))
     assert any("no more hooks" in w for w in trace.warnings)
 
 
 def test_if_removing_a_hook_fails_everything_else_is_still_removed(monkeypatch):
-    from torch.utils import hooks as torch_hooks
+    from torch.optim import optimizer as optim_module
 
+    refusing = _RefusingHooks("pop")
+    monkeypatch.setattr(optim_module, "_global_optimizer_post_hooks", refusing)
     before = _global_state()
-    original = torch_hooks.RemovableHandle.remove
-    calls = [0]
-
-    def fails_once(self):
-        calls[0] += 1
-        if calls[0] == 1:
-            raise RuntimeError("cannot remove")
-        return original(self)
-
-    monkeypatch.setattr(torch_hooks.RemovableHandle, "remove", fails_once)
     with pytest.warns(RuntimeWarning, match="could not remove all its hooks"):
         with ja.capture() as trace:
             torch.ones(2) * 2
-    monkeypatch.undo()
-    assert calls[0] >= 1
+    assert refusing.refused == 1 and dict(refusing) == {}
     _check_nothing_left(before)
     assert trace.warnings
 

@@ -12,7 +12,8 @@ from .test_magic_invisible import PLAIN_FIRST_LINE, Run
 
 def torch_state():
     return (torch._C._len_torch_function_stack(), torch.is_grad_enabled(), torch.is_anomaly_enabled(),
-            torch.autograd.function.Function.__dict__["apply"].__func__.__name__)
+            torch.autograd.function.Function.__dict__["apply"].__func__.__name__,
+            torch.autograd.profiler.record_function.__dict__["__exit__"].__name__)
 
 
 def test_an_interrupt_in_the_tools_code_ends_at_the_users_line(shell, monkeypatch):

@@ -4,6 +4,10 @@ and its own calls (ten per parameter for Adam) were most of what capture cost pe
 Steps that can do more than write their parameters are still recorded call by call."""
 from __future__ import annotations
 
+import contextlib
+import signal
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -190,3 +194,170 @@ def test_a_step_inside_another_ends_only_its_own():
         "model.0.weight", "model.0.bias", "model.2.weight", "model.2.bias"}
     assert [op.location.source for op in trace.ops][-1] == "after = torch.ones(2) * 3"
     assert trace.diagnoses == [] and trace.warnings == []
+
+
+def _calls_reaching_the_mode(monkeypatch):
+    calls = []
+    original = recorder_module.Recorder.__torch_function__
+
+    def counting(self, func, types, args=(), kwargs=None):
+        calls.append(func)
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(recorder_module.Recorder, "__torch_function__", counting)
+    return calls
+
+
+def test_a_step_runs_with_our_mode_off_the_stack(monkeypatch):
+    """A torch.optim step's own calls (property reads included, a hundred for a small SGD step)
+    never reach our mode: it leaves the stack in the step's pre-hook and comes back in its
+    post-hook. The step is still one op, with what it wrote."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    seen_in_step = []
+    opt.register_step_post_hook(lambda *args: seen_in_step.append(torch._C._len_torch_function_stack()))
+    with ja.capture(namespace={"model": model}) as trace:
+        depth = torch._C._len_torch_function_stack()
+        F.mse_loss(model(x), y).backward()
+        calls = _calls_reaching_the_mode(monkeypatch)
+        opt.step()
+        during = list(calls)
+        after = torch._C._len_torch_function_stack()
+        (model(x) * 2).sum()  # recorded again
+    # Only the profiler scope that torch opens around the step, before its pre-hook and after its post-hook.
+    assert during == [recorder_module._PROFILER_ENTER, recorder_module._PROFILER_EXIT]
+    assert seen_in_step == [depth - 1] and after == depth
+    [step] = _step_ops(trace)
+    assert step.name == "SGD.step" and len(step.writes) == 4  # the parameters (its first step makes the momentum buffers)
+    assert trace.ops[-1].name == "Tensor.sum" and trace.warnings == []
+
+
+def test_a_step_under_a_mode_of_the_users_is_seen_by_it_as_without_us():
+    """With a mode of the user's above ours, ours stays where it is (taking it out from under
+    theirs would reorder the stack): their mode sees the step's calls exactly as in a plain run."""
+    from torch.overrides import TorchFunctionMode
+
+    class Counting(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.append(getattr(func, "__name__", repr(func)))
+            return func(*args, **(kwargs or {}))
+
+    def run(captured):
+        model = _model()
+        opt = torch.optim.Adam(model.parameters())
+        F.mse_loss(model(torch.ones(2, 4)), torch.zeros(2, 1)).backward()
+        mode = Counting()
+        with ja.capture(namespace={}) if captured else contextlib.nullcontext() as trace:
+            with mode:
+                opt.step()
+        return mode.names, [p.detach().clone() for p in model.parameters()], trace
+
+    plain_names, plain_params, _ = run(False)
+    names, params, trace = run(True)
+    assert names == plain_names and len(names) > 10
+    assert all(torch.equal(a, b) for a, b in zip(plain_params, params))
+    assert [op.name for op in _step_ops(trace)] == ["Adam.step"] and trace.warnings == []
+
+
+def test_a_step_whose_post_hook_raises_puts_our_mode_back():
+    """The step's own post-hook runs before ours: when it raises, the step leaves through its
+    profiler scope, where our mode goes back on the stack. The bug after the caught failure is
+    recorded and diagnosed."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def refuse(*args):
+        raise ValueError("no step today")
+
+    opt.register_step_post_hook(refuse)
+    F.mse_loss(model(torch.ones(2, 4)), torch.zeros(2, 1)).backward()
+    with ja.capture(namespace={}) as trace:
+        depth = torch._C._len_torch_function_stack()
+        try:
+            opt.step()
+        except ValueError:
+            pass
+        restored = torch._C._len_torch_function_stack()
+        w = torch.ones(3, requires_grad=True)
+        y = w.exp()
+        y.add_(1)  # BUG
+        try:
+            y.sum().backward()
+        except RuntimeError:
+            pass
+    assert restored == depth
+    assert [op.name for op in _step_ops(trace)] == ["SGD.step"]
+    assert [(d.kind, d.source) for d in trace.diagnoses] == [("saved-tensor-modified", "y.add_(1)")]
+    assert trace.warnings == []
+
+
+def test_a_failed_step_missed_by_its_scope_is_met_at_the_next_module_call(monkeypatch):
+    """Should the step's profiler scope not be recognised (another torch's name for it), the
+    next module call finds the step still open: our mode goes back there, and the trace says
+    that the calls in between were not recorded."""
+    monkeypatch.setattr(recorder_module, "_STEP_SCOPE", "no such scope")
+    emb = nn.Embedding(10, 3, sparse=True)
+    opt = torch.optim.Adam(emb.parameters())
+    emb(torch.tensor([1, 2])).sum().backward()
+    model = _model()
+    with ja.capture(namespace={}) as trace:
+        try:
+            opt.step()  # Adam refuses sparse gradients, from inside its step
+        except RuntimeError:
+            pass
+        torch.ones(2) * 3  # not recorded
+        out = model(torch.ones(2, 4))
+        out.exp_()  # recorded again
+    assert [op.name for op in _step_ops(trace)] == ["Adam.step"]
+    assert "Tensor.exp_" in [op.name for op in trace.ops] and "Tensor.mul" not in [op.name for op in trace.ops]
+    [warning] = trace.warnings
+    assert "optimizer step" in warning and "were not recorded" in warning
+
+
+def test_an_interrupt_at_any_call_in_the_steps_hooks_leaves_nothing():
+    """A SIGINT at every function entry inside our step hooks (where Python delivers a real
+    one: it runs a signal's handler when a function starts, after a call, or on a loop's jump),
+    one run each: the step stops, the block ends, and nothing of ours is left on the stack, in
+    torch's hooks or in its torch-function state."""
+    from tests.test_invisible import _check_nothing_left, _global_state
+
+    codes = {fn.__code__ for fn in (recorder_module._before_optimizer_step, recorder_module._after_optimizer_step,
+                                    recorder_module._leaving_profiler_scope, recorder_module.Recorder.begin_step,
+                                    recorder_module.Recorder.end_step)}
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    before = _global_state()
+    delivered = 0
+    for target in range(1, 2000):
+        seen = [0]
+
+        def tracer(frame, event, arg):
+            inside, f = False, frame
+            while f is not None and not inside:
+                inside, f = f.f_code in codes, f.f_back
+            if inside:
+                seen[0] += 1
+                if seen[0] == target:
+                    signal.raise_signal(signal.SIGINT)
+            return None
+
+        sys.settrace(tracer)
+        try:
+            with ja.capture():
+                F.mse_loss(model(x), y).backward()
+                opt.step()
+                (model(x) * 2).sum()
+        except KeyboardInterrupt:
+            delivered += 1
+        finally:
+            sys.settrace(None)
+        _check_nothing_left(before)
+        if seen[0] < target:
+            break
+    assert target > 20 and delivered >= target - 2

@@ -120,9 +120,10 @@ class capture:
         self._recursion_limit = limit
         # The safety net for an interrupt on __exit__'s first instruction: when this object is
         # freed (as the interrupt unwinds the with statement), remove what is still installed.
-        # A finalizer, not __del__: it is detached on every normal exit, so no interrupt can
-        # land in it and be lost.
-        self._finalizer = weakref.finalize(self, _release_left_behind, recorder, self._thread, limit)
+        # A weak reference's callback, not __del__: it is dropped on every normal exit, so no
+        # interrupt can land in it and be lost.
+        self._finalizer = weakref.ref(self, _capture_freed)
+        _left_behind[self._finalizer] = (recorder, self._thread, limit)
 
     def _stop_recording(self, exc=None):
         """Remove the mode, the hooks and the thread's recorder; every step is tried, the first
@@ -132,7 +133,7 @@ class capture:
         self._installed = False
         finalizer, self._finalizer = self._finalizer, None
         if finalizer is not None:
-            finalizer.detach()
+            _left_behind.pop(finalizer, None)
         limit, self._recursion_limit = self._recursion_limit, None
         if exc is not None:
             _finish_interrupted_mode_stashes(exc)
@@ -172,6 +173,8 @@ class capture:
                 self.trace.warnings.extend([self._not_started] + ended)
             elif recorder is not None:
                 if recorder.step is not None:  # the block ended inside an optimizer step
+                    if recorder.step_popped and exc is None:  # one that raised, caught by the user
+                        recorder.unrecorded_after_step = recorder.step[3]
                     recorder.end_step()
                 part = recorder if outer is None else recorder.since(self._start)
                 previous_off, recorder.off = recorder.off, "building the trace"
@@ -253,6 +256,18 @@ def _finish_interrupted_mode_stashes(exc):
                         pass
             tb = tb.tb_next
         exc = exc.__cause__ or exc.__context__
+
+
+# The safety net's registry: a weak reference to each capture whose block is running -> what to
+# release if the capture is freed first. A weak reference with a callback, not weakref.finalize:
+# the same guarantee at a fraction of the cost, paid at every block's start and end.
+_left_behind = {}
+
+
+def _capture_freed(ref):
+    left = _left_behind.pop(ref, None)
+    if left is not None:
+        _release_left_behind(*left)
 
 
 def _release_left_behind(recorder, thread, recursion_limit):
@@ -411,6 +426,11 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
             trace.warnings.extend(tool_warnings)
             if recorder.failure:
                 trace.warnings.append("recording stopped early after an internal error: " + recorder.failure)
+            if recorder.unrecorded_after_step is not None:
+                code, line = recorder.unrecorded_after_step
+                trace.warnings.append("the optimizer step at %sline %d raised and the exception was caught: the "
+                                      "tensor calls after it, up to the next module call or the end of the block, "
+                                      "were not recorded" % ("" if code is None else code.co_filename + ", ", line))
             if recorder.too_deep:
                 trace.warnings.append("%d calls ran too close to the recursion limit to be recorded"
                                       % recorder.too_deep)

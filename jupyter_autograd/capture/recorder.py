@@ -56,6 +56,10 @@ _warnings_dict = _warnings.__dict__
 _SEQUENCES = (list, tuple)
 _all_torch_function_off = torch._C.DisableTorchFunction  # modes too: our hooks' reads are no ops
 _STEPPING = "inside an optimizer step"  # recorder.off while one runs (Recorder.begin_step)
+_stack_length = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
+_pop_stack = torch._C._pop_torch_function_stack
+_push_stack = torch._C._push_on_torch_function_stack
 _PROFILER_ENTER = torch.ops.profiler._record_function_enter_new
 _PROFILER_EXIT = torch.ops.profiler._record_function_exit._RecordFunction
 # Run without a record of their own: backward calls (recorded by _backward_call) and the profiler
@@ -80,6 +84,8 @@ def _recording_apply(cls, *args, **kwargs):
     __tracebackhide__ = True  # noqa: F841
     bound = _original_apply.__get__(None, cls)
     recorder = getattr(_state, "recorder", None)
+    if recorder is not None and recorder.step_popped:
+        _resume(recorder)
     if recorder is None or recorder.off is not None:
         return bound(*args, **kwargs)
     return recorder.__torch_function__(bound, (), args, kwargs)
@@ -87,6 +93,8 @@ def _recording_apply(cls, *args, **kwargs):
 
 def _enter_module(module, args):
     recorder = getattr(_state, "recorder", None)
+    if recorder is not None and recorder.step_popped:
+        _resume(recorder)
     if recorder is not None and recorder.off is None:
         if not recorder.module_path and id(module) not in recorder.module_call_sites:
             # The user's line that called the model (`logits = model(x)`): its name for the model.
@@ -97,6 +105,36 @@ def _enter_module(module, args):
                 recorder.module_call_sites[id(module)] = (frame.f_code.co_filename, frame.f_lineno)
         recorder.module_path = recorder.module_path + (module,)
         recorder.modules[id(module)] = module
+
+
+_record_function = torch.autograd.profiler.record_function
+_original_scope_exit = _record_function.__dict__["__exit__"]
+_STEP_SCOPE = "Optimizer.step#"  # torch's name for the profiler scope around every optimizer step
+
+
+def _leaving_profiler_scope(self, exc_type, exc_value, traceback):
+    """record_function.__exit__ while we capture: a step that took our mode off the stack and
+    raises leaves through its profiler scope (its post-hook does not run). Our mode goes back
+    on the stack there, so that the calls after a caught failure are recorded."""
+    try:
+        if exc_type is not None:
+            recorder = getattr(_state, "recorder", None)
+            if (recorder is not None and recorder.step_popped
+                    and str(getattr(self, "name", "")).startswith(_STEP_SCOPE)):
+                try:
+                    recorder.end_step()
+                except Exception as exc:  # never let the tool break the user's call
+                    recorder._fail(exc)
+    finally:  # the scope is closed whatever happened above (an interrupt included)
+        result = _original_scope_exit(self, exc_type, exc_value, traceback)
+    return result
+
+
+def _resume(recorder):
+    try:
+        recorder.resume_after_failed_step()
+    except Exception as exc:  # never let the tool break the user's call
+        recorder._fail(exc)
 
 
 def _leave_module(module, args, output):
@@ -135,25 +173,47 @@ def _after_optimizer_step(optimizer, args, kwargs):
 
 # -- process-wide hooks, shared by every capture of every thread ---------------------------------
 _hook_users = [0]
-_hook_handles = []
+_installed_hooks = []  # (hook dict, key) of the hooks in place now
+
+
+def _hook_table():
+    """(torch's global hook dict, our hook, its always-call dict or None), under keys that torch
+    reserved for us once. The entries go straight into torch's dicts: registering through
+    RemovableHandle at every block's start and end cost more than the rest of the two."""
+    from torch.nn.modules import module as nn_module
+    from torch.optim import optimizer as optim_module
+
+    table = [(nn_module._global_forward_pre_hooks, _enter_module, None),
+             (nn_module._global_forward_hooks, _leave_module, nn_module._global_forward_hooks_always_called),
+             (optim_module._global_optimizer_pre_hooks, _before_optimizer_step, None),
+             (optim_module._global_optimizer_post_hooks, _after_optimizer_step, None)]
+    if not _HOOK_KEYS:
+        from torch.utils.hooks import RemovableHandle
+        first = RemovableHandle.next_id  # ids torch will never hand out again
+        RemovableHandle.next_id = first + len(table)
+        _HOOK_KEYS[:] = range(first, first + len(table))
+    return table
+
+
+_HOOK_KEYS = []
 
 
 def install_hooks():
-    """Hooks for the whole capture: custom Function.apply, the nn.Module call stack (so that
-    large graphs can be grouped by module) and optimizer steps. Forward hooks change no result;
-    always_call keeps the stack right when a forward raises.
+    """Hooks for the whole capture: custom Function.apply, a step's profiler scope, the nn.Module
+    call stack (so that large graphs can be grouped by module) and optimizer steps. Forward
+    hooks change no result; always-call keeps the stack right when a forward raises.
 
     All or nothing: if one cannot be installed, those already installed are removed and the
     error is raised. Callers hold interrupts (see capture) while this runs."""
     if _hook_users[0] == 0:
-        from torch.nn.modules import module as nn_module
-        from torch.optim import optimizer as optim_module
         try:
             _Function.apply = classmethod(_recording_apply)
-            _hook_handles.append(nn_module.register_module_forward_pre_hook(_enter_module))
-            _hook_handles.append(nn_module.register_module_forward_hook(_leave_module, always_call=True))
-            _hook_handles.append(optim_module.register_optimizer_step_pre_hook(_before_optimizer_step))
-            _hook_handles.append(optim_module.register_optimizer_step_post_hook(_after_optimizer_step))
+            _record_function.__exit__ = _leaving_profiler_scope
+            for (hooks, hook, always_called), key in zip(_hook_table(), _HOOK_KEYS):
+                _installed_hooks.append((hooks, key, always_called))
+                hooks[key] = hook
+                if always_called is not None:
+                    always_called[key] = True
         except BaseException:
             _remove_all_hooks()
             raise
@@ -174,15 +234,26 @@ def _remove_all_hooks():
         _Function.apply = _original_apply
     except BaseException as exc:
         failure = exc
-    while _hook_handles:
-        handle = _hook_handles.pop()
+    try:
+        _record_function.__exit__ = _original_scope_exit
+    except BaseException as exc:
+        failure = failure or exc
+    while _installed_hooks:
+        hooks, key, always_called = _installed_hooks[-1]
         try:
-            handle.remove()
+            hooks.pop(key, None)
+            if always_called is not None:
+                always_called.pop(key, None)
         except BaseException as exc:
             failure = failure or exc
-            hooks = handle.hooks_dict_ref()  # what remove() does, done by hand
-            if hooks is not None:
-                hooks.pop(handle.id, None)
+            for table in (hooks, always_called or {}):  # the plainest removal, by hand
+                try:
+                    if key in table:
+                        del table[key]
+                except BaseException:
+                    pass
+        finally:
+            _installed_hooks.pop()
     if failure is not None:
         raise failure
 
@@ -337,6 +408,8 @@ class Recorder(TorchFunctionMode):
         self.shared_tuples = {}        # equal tuples of tids in kept records (see _shared)
         self.step = None               # while an optimizer step runs: what begin_step noted (one op)
         self.step_depth = 0            # profiler scopes opened inside that step
+        self.step_popped = False       # our mode is off the stack while that step runs (begin_step)
+        self.unrecorded_after_step = None  # (code, line) of a step that raised and was caught: see resume
 
     # -- hot path -----------------------------------------------------------------------------
     # Written for speed: every line here runs for every tensor call of the block. C-level loops
@@ -535,10 +608,25 @@ class Recorder(TorchFunctionMode):
                      _grad_enabled(), optimizer)
         self.step_depth = 0
         self.off = _STEPPING
+        # The step's own calls (a hundred in a small model's SGD step, property reads included) would
+        # each pass through Python to be ignored: our mode leaves the stack until the post-hook, and
+        # the step runs exactly as without us. Not when a mode of the user's is above ours.
+        n = _stack_length()
+        if n and _stack_at(n - 1) is self:
+            self.step_popped = _pop_stack() is self
 
     def end_step(self):
-        """The step is over: its post-hook ran, or its profiler scope closed as it raised."""
-        (func, tensors, before, (code, line), grad, _), self.step, self.off = self.step, None, None
+        """The step is over: its post-hook ran, or its profiler scope closed as it raised, or (our
+        mode off the stack) a hook of ours or the block's end met it still open. Our mode goes
+        back on the stack while the block is still recording."""
+        recording = getattr(_state, "recorder", None) is self  # else the block has ended: stay inert
+        if self.step_popped:
+            self.step_popped = False
+            if recording and not _on_stack(self):
+                _push_stack(self)
+        (func, tensors, before, (code, line), grad, _), self.step = self.step, None
+        if recording and self.off is _STEPPING:  # not after a failure, nor once the block has ended
+            self.off = None
         with _all_torch_function_off():
             after = _versions(tensors)
             changed = [i for i, (b, a) in enumerate(zip(before, after)) if a != b]
@@ -554,6 +642,14 @@ class Recorder(TorchFunctionMode):
                          tuple(after[i] for i in changed), (), None, written, grad, None))
         if index >= self.fold_at:
             self._fold(index - _FOLD_EVERY)
+
+    def resume_after_failed_step(self):
+        """Called from our module and Function hooks while a step that took our mode off the stack
+        is still open: no torch.optim step calls a module or a custom Function, so the step
+        raised (no post-hook ran) and the user caught it. The calls in between were not recorded:
+        the trace says so."""
+        self.unrecorded_after_step = self.step[3]
+        self.end_step()
 
     def _step_profiler_event(self, func):
         """torch runs a step inside a profiler scope; that scope closing at the depth where the
@@ -890,6 +986,10 @@ class Recorder(TorchFunctionMode):
                 t_id = self.known(value)
                 if t_id is not None:
                     self.names.setdefault(t_id, name)
+
+
+def _on_stack(mode):
+    return any(_stack_at(i) is mode for i in range(_stack_length()))
 
 
 _signatures = {}
