@@ -173,13 +173,14 @@ def _after_optimizer_step(optimizer, args, kwargs):
 
 # -- process-wide hooks, shared by every capture of every thread ---------------------------------
 _hook_users = [0]
-_installed_hooks = []  # (hook dict, key) of the hooks in place now
+_installed_hooks = []  # (torch's hook dict, our key, its always-call dict or None) of the hooks in place now
 
 
 def _hook_table():
-    """(torch's global hook dict, our hook, its always-call dict or None), under keys that torch
-    reserved for us once. The entries go straight into torch's dicts: registering through
-    RemovableHandle at every block's start and end cost more than the rest of the two."""
+    """(torch's global hook dict, our hook, its always-call dict or None); our keys, which torch
+    reserves for us once, are in _HOOK_KEYS. The entries go straight into torch's dicts: the
+    register functions and RemovableHandle cost 54 us at every block's start and end with the
+    caches cold (a training loop's step after a collection), direct entries 14."""
     from torch.nn.modules import module as nn_module
     from torch.optim import optimizer as optim_module
 
