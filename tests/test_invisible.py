@@ -364,41 +364,57 @@ def _a_signal_can_land_here(frame):
     return frame.f_lasti not in unreachable
 
 
-def test_an_interrupt_on_any_line_of_entry_or_exit_leaves_nothing():
-    """A real SIGINT raised at every call and every line of the capture's own enter/exit code,
-    one at a time: afterwards nothing of ours is left, whatever the interrupt interrupted."""
-    codes = _enter_exit_code()
+def _interrupt_at_each_point(block, tracer, limit):
+    """Run `block` again and again, with a SIGINT raised at its n-th point (n = 1, 2, ...), where
+    the sys.settrace function tracer(hit) calls hit() at each point it counts; after every run,
+    nothing of ours is left. Stops when a run has fewer points than n. Returns (points aimed
+    at, interrupts that got out, whether every point was reached before `limit`)."""
     before = _global_state()
-    x = torch.ones(2, requires_grad=True)
     delivered = 0
-    covered = False
-    for target in range(1, 3000):
+    for target in range(1, limit):
         seen = [0]
 
-        def tracer(frame, event, arg):
-            if frame.f_code not in codes:
-                return None
+        def hit():
+            seen[0] += 1
+            if seen[0] == target:
+                signal.raise_signal(signal.SIGINT)
 
-            def local(frame, event, arg):
-                if event == "call" or (event == "line" and _a_signal_can_land_here(frame)):
-                    seen[0] += 1
-                    if seen[0] == target:
-                        signal.raise_signal(signal.SIGINT)
-                return local
-            return local(frame, event, arg)
-
-        sys.settrace(tracer)
+        sys.settrace(tracer(hit))
         try:
-            with ja.capture():
-                (x * 2).sum()
+            block()
         except KeyboardInterrupt:
             delivered += 1
         finally:
             sys.settrace(None)
         _check_nothing_left(before)
         if seen[0] < target:
-            covered = True
-            break
+            return target, delivered, True
+    return limit, delivered, False
+
+
+def test_an_interrupt_on_any_line_of_entry_or_exit_leaves_nothing():
+    """A real SIGINT raised at every call and every line of the capture's own enter/exit code,
+    one at a time: afterwards nothing of ours is left, whatever the interrupt interrupted."""
+    codes = _enter_exit_code()
+    x = torch.ones(2, requires_grad=True)
+
+    def tracer(hit):
+        def trace(frame, event, arg):
+            if frame.f_code not in codes:
+                return None
+
+            def local(frame, event, arg):
+                if event == "call" or (event == "line" and _a_signal_can_land_here(frame)):
+                    hit()
+                return local
+            return local(frame, event, arg)
+        return trace
+
+    def block():
+        with ja.capture():
+            (x * 2).sum()
+
+    target, delivered, covered = _interrupt_at_each_point(block, tracer, 3000)
     print("interrupts aimed at entry and exit: %d, delivered: %d" % (target - 1, delivered))
     assert covered and target > 30 and delivered >= 1  # every line was hit, and interrupts got out
 

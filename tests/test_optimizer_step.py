@@ -84,6 +84,17 @@ def test_the_step_is_still_the_culprit_for_a_graph_that_needs_the_old_weights():
     assert found.tensor == "model.2.weight" and found.predicted
 
 
+def _an_inplace_bug():
+    """A real bug after a caught failure: it must be recorded and diagnosed at its line."""
+    w = torch.ones(3, requires_grad=True)
+    y = w.exp()
+    y.add_(1)  # BUG
+    try:
+        y.sum().backward()
+    except RuntimeError:
+        pass
+
+
 def test_a_step_that_raises_leaves_recording_on():
     emb = nn.Embedding(10, 3, sparse=True)
     opt = torch.optim.Adam(emb.parameters())
@@ -94,13 +105,7 @@ def test_a_step_that_raises_leaves_recording_on():
             opt.step()  # Adam refuses sparse gradients, from inside its step
         except RuntimeError as exc:
             assert "sparse" in str(exc)
-        w = torch.ones(3, requires_grad=True)
-        y = w.exp()
-        y.add_(1)  # BUG
-        try:
-            y.sum().backward()
-        except RuntimeError:
-            pass
+        _an_inplace_bug()
     assert recorder.off is not None  # inert after the block, as always
     assert [op.name for op in _step_ops(trace)] == ["Adam.step"]
     assert [(d.kind, d.source) for d in trace.diagnoses] == [("saved-tensor-modified", "y.add_(1)")]
@@ -283,13 +288,7 @@ def test_a_step_whose_post_hook_raises_puts_our_mode_back():
         except ValueError:
             pass
         restored = torch._C._len_torch_function_stack()
-        w = torch.ones(3, requires_grad=True)
-        y = w.exp()
-        y.add_(1)  # BUG
-        try:
-            y.sum().backward()
-        except RuntimeError:
-            pass
+        _an_inplace_bug()
     assert restored == depth
     assert [op.name for op in _step_ops(trace)] == ["SGD.step"]
     assert [(d.kind, d.source) for d in trace.diagnoses] == [("saved-tensor-modified", "y.add_(1)")]
@@ -324,7 +323,7 @@ def test_an_interrupt_at_any_call_in_the_steps_hooks_leaves_nothing():
     one: it runs a signal's handler when a function starts, after a call, or on a loop's jump),
     one run each: the step stops, the block ends, and nothing of ours is left on the stack, in
     torch's hooks or in its torch-function state."""
-    from tests.test_invisible import _check_nothing_left, _global_state
+    from tests.test_invisible import _interrupt_at_each_point
 
     codes = {fn.__code__ for fn in (recorder_module._before_optimizer_step, recorder_module._after_optimizer_step,
                                     recorder_module._leaving_profiler_scope, recorder_module.Recorder.begin_step,
@@ -332,33 +331,23 @@ def test_an_interrupt_at_any_call_in_the_steps_hooks_leaves_nothing():
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(16, 4), torch.randn(16, 1)
-    before = _global_state()
-    delivered = 0
-    for target in range(1, 2000):
-        seen = [0]
 
-        def tracer(frame, event, arg):
-            inside, f = False, frame
-            while f is not None and not inside:
-                inside, f = f.f_code in codes, f.f_back
-            if inside:
-                seen[0] += 1
-                if seen[0] == target:
-                    signal.raise_signal(signal.SIGINT)
+    def tracer(hit):
+        def trace(frame, event, arg):  # function entries only, under one of our hooks
+            f = frame
+            while f is not None and f.f_code not in codes:
+                f = f.f_back
+            if f is not None:
+                hit()
             return None
+        return trace
 
-        sys.settrace(tracer)
-        try:
-            with ja.capture():
-                F.mse_loss(model(x), y).backward()
-                opt.step()
-                (model(x) * 2).sum()
-        except KeyboardInterrupt:
-            delivered += 1
-        finally:
-            sys.settrace(None)
-        _check_nothing_left(before)
-        if seen[0] < target:
-            break
+    def block():
+        with ja.capture():
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            (model(x) * 2).sum()
+
+    target, delivered, covered = _interrupt_at_each_point(block, tracer, 2000)
     print("interrupts aimed at the step's hooks: %d, delivered: %d" % (target - 1, delivered))
-    assert target > 20 and delivered >= target - 2
+    assert covered and target > 20 and delivered >= target - 2
