@@ -9,11 +9,18 @@ import warnings
 import weakref
 from typing import Iterable, Optional
 
+import torch
+
+from .. import diagnose as diagnosis
 from ..model import Trace
+from . import build, graph
+# Imported once here rather than in the functions that use them: every block's start and end
+# ran those import statements, and a training loop's step pays for each with cold caches.
+# Modules, not their functions, where tests and users may replace a function.
+from .recorder import (_SHOW_ALL, Recorder, _put_back_warnings, _show_at_user_line, _state, frame_names,
+                       install_hooks, remove_hooks)
 
 __all__ = ["capture"]
-
-from .recorder import _state  # the recorder active in this thread, if any
 
 
 class capture:
@@ -68,8 +75,6 @@ class capture:
 
     def __enter__(self) -> Trace:
         __tracebackhide__ = True  # noqa: F841
-        from .recorder import frame_names
-
         if self._namespace is None:
             frame = sys._getframe(1)
             self._namespace = [frame_names(frame), frame.f_globals]
@@ -89,8 +94,6 @@ class capture:
         return self.trace
 
     def _start_recording(self):
-        from .recorder import Recorder, install_hooks, remove_hooks
-
         outer = getattr(_state, "recorder", None)
         if outer is not None:
             # Entering a second mode would record everything twice: the outer recorder records
@@ -203,8 +206,6 @@ class capture:
 def _release(recorder, recursion_limit):
     """Remove the mode, the hooks and the thread's recorder; every step is tried, the first
     failure is raised after all of them."""
-    from .recorder import _put_back_warnings, _show_at_user_line, _SHOW_ALL, remove_hooks
-
     failure = None
     recorder.off = recorder.off or "the block has ended"  # inert, should anything still call it
     if getattr(_state, "recorder", None) is recorder:
@@ -232,8 +233,6 @@ def _finish_interrupted_mode_stashes(exc):
     whenever it is finalized, long after the block. Finish those generators now, while we can
     pop the mode."""
     import contextlib
-
-    import torch
 
     stash = getattr(torch.overrides._pop_mode_temporarily, "__wrapped__", None)
     manager_codes = (contextlib._GeneratorContextManager.__enter__.__code__,
@@ -291,8 +290,6 @@ def _quietly(step):
 
 def _pop_mode(recorder):
     """Take our mode off this thread's stack, also when the user left a mode of theirs above it."""
-    import torch
-
     above = []
     try:
         while torch._C._len_torch_function_stack() > 0:
@@ -392,22 +389,17 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
     The build (records to plain data, the graph model, the diagnoses) runs when the trace is
     first read: a training loop under capture() pays for it only if it looks. Our reads of the
     user's tensors are hidden from their `__torch_function__` subclasses, now and at the build."""
-    import torch
-
-    from ..diagnose import diagnose
-    from .build import build_trace, end_checkpoint, freeze
-    from .graph import DEEP_GRAPH, STACK_RAISED
 
     with torch._C.DisableTorchFunctionSubclass():
         try:
-            end_checkpoint(recorder)
+            build.end_checkpoint(recorder)
         except Exception as internal:
             recorder.failure = recorder.failure or "inspecting the graph at the end: %s: %s" % (
                 type(internal).__name__, internal)
-        live, names = freeze(recorder, namespaces or [])
+        live, names = build.freeze(recorder, namespaces or [])
     error = None if exc is None else "%s: %s" % (type(exc).__name__, exc)
 
-    def build() -> Trace:
+    def build_when_read() -> Trace:
         # As in build_trace, through the diagnoses: they allocate while the whole new trace is
         # young, and each collection would walk it again (the chain's diagnoses: 6 ms alone, 40
         # with the collector on). No code of the user's runs here.
@@ -422,7 +414,7 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
     def analyse() -> Trace:
         try:
             with torch._C.DisableTorchFunctionSubclass():
-                trace = build_trace(recorder, live, names, error)
+                trace = build.build_trace(recorder, live, names, error)
             trace.warnings.extend(tool_warnings)
             if recorder.failure:
                 trace.warnings.append("recording stopped early after an internal error: " + recorder.failure)
@@ -444,17 +436,17 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
                 trace.notes.append("The saved tensors of %d backward calls that found nothing (each freed its "
                                    "graph, and nothing it saved was changed) were not kept; the first and the "
                                    "latest calls keep theirs." % folded_backwards)
-            if STACK_RAISED[0] and len(trace.nodes) > DEEP_GRAPH:
+            if graph.STACK_RAISED[0] and len(trace.nodes) > graph.DEEP_GRAPH:
                 trace.notes.append("This graph is deep: to keep PyTorch from crashing when it frees it, the "
-                                   "process's stack limit was raised from %d to %d bytes." % STACK_RAISED[0])
-            trace.diagnoses = diagnose(trace)
+                                   "process's stack limit was raised from %d to %d bytes." % graph.STACK_RAISED[0])
+            trace.diagnoses = diagnosis.diagnose(trace)
         except Exception as internal:
             message = "jupyter_autograd could not analyse this block (%s: %s)" % (type(internal).__name__, internal)
             trace = Trace(error=error, warnings=[message])
             warn(message)
         return trace
 
-    return build
+    return build_when_read
 
 
 def _add_note(exc: BaseException, trace: Trace) -> None:

@@ -24,7 +24,10 @@ import warnings as _warnings
 import weakref
 
 import torch
+from torch.nn.modules import module as _nn_module
+from torch.optim import optimizer as _optim_module
 from torch.overrides import TorchFunctionMode
+from torch.utils.hooks import RemovableHandle as _RemovableHandle
 
 from . import graph as graph_snapshot
 from . import nan_watch
@@ -181,17 +184,14 @@ def _hook_table():
     reserves for us once, are in _HOOK_KEYS. The entries go straight into torch's dicts: the
     register functions and RemovableHandle cost 54 us at every block's start and end with the
     caches cold (a training loop's step after a collection), direct entries 14."""
-    from torch.nn.modules import module as nn_module
-    from torch.optim import optimizer as optim_module
-
+    nn_module, optim_module = _nn_module, _optim_module
     table = [(nn_module._global_forward_pre_hooks, _enter_module, None),
              (nn_module._global_forward_hooks, _leave_module, nn_module._global_forward_hooks_always_called),
              (optim_module._global_optimizer_pre_hooks, _before_optimizer_step, None),
              (optim_module._global_optimizer_post_hooks, _after_optimizer_step, None)]
     if not _HOOK_KEYS:
-        from torch.utils.hooks import RemovableHandle
-        first = RemovableHandle.next_id  # ids torch will never hand out again
-        RemovableHandle.next_id = first + len(table)
+        first = _RemovableHandle.next_id  # ids torch will never hand out again
+        _RemovableHandle.next_id = first + len(table)
         _HOOK_KEYS[:] = range(first, first + len(table))
     return table
 
