@@ -982,8 +982,17 @@ class Recorder(TorchFunctionMode):
         self.checkpoints.append(graph_snapshot.take(self, roots, len(self.ops), "backward", inputs, retain))
 
     def note_names(self, namespace):
+        # A notebook's namespace holds hundreds of names, read before every backward call: a
+        # value's type is judged once (isinstance on torch.Tensor goes through its metaclass).
+        tensor_types = _tensor_types
         for name, value in list(namespace.items()):
-            if isinstance(value, _Tensor) and not name.startswith("_"):
+            cls = type(value)
+            is_tensor = tensor_types.get(cls)
+            if is_tensor is None:
+                is_tensor = issubclass(cls, _Tensor)
+                if len(tensor_types) < 10_000:  # types made on the fly must not grow it for ever
+                    tensor_types[cls] = is_tensor
+            if is_tensor and not name.startswith("_"):
                 t_id = self.known(value)
                 if t_id is not None:
                     self.names.setdefault(t_id, name)
@@ -994,6 +1003,8 @@ def _on_stack(mode):
 
 
 _signatures = {}
+_tensor_types = {}  # exact type -> whether it is a tensor type (note_names)
+_TENSOR_BACKWARD = torch.Tensor.backward
 _step_ops = weakref.WeakKeyDictionary()  # optimizer class -> its step op
 
 
@@ -1030,6 +1041,8 @@ def _shared(cache, value):
 def _bind_backward(func, args, kwargs):
     """The arguments of a backward()/autograd.grad() call by parameter name (self, tensors or
     outputs; inputs; retain_graph; create_graph), whichever way they were passed."""
+    if func is _TENSOR_BACKWARD and len(args) == 1 and not kwargs:  # loss.backward(): most calls
+        return {"self": args[0]}
     import inspect
 
     sig = _signatures.get(func)
