@@ -403,8 +403,9 @@ class Recorder(TorchFunctionMode):
         # would stay tracked by the cyclic GC, and every full collection of a long loop walks them all.
         self.funcs = list(_KEPT_FUNCS)
         self.func_ids = {f: i for i, f in enumerate(self.funcs)}
-        self.folded_nodes = FoldedNodes()  # (first key, end key, backward op indices that ran them): nodes _fold dropped
-        self.folded_created = array("q")  # per tid, for rows _fold shared: the op that made it, or -1
+        # Made by the first folding pass (most blocks never fold; every block would pay for them):
+        self.folded_nodes = ()         # FoldedNodes: (first key, end key, backward op indices that ran them) of nodes _fold dropped
+        self.folded_created = ()       # array: per tid, for rows _fold shared, the op that made it, or -1
         self.interned_rows = {}        # equal tensor_meta rows of folded tensors, kept once
         self.shared_tuples = {}        # equal tuples of tids in kept records (see _shared)
         self.step = None               # while an optimizer step runs: what begin_step noted (one op)
@@ -729,6 +730,8 @@ class Recorder(TorchFunctionMode):
         moves to folded_created) and loses its weak reference. What was folded is said in the
         trace. Only what lies at least one window behind the newest op is folded, and never the
         first window: the first and the last iterations of a loop stay whole."""
+        if type(self.folded_nodes) is not FoldedNodes:  # the first pass
+            self.folded_nodes, self.folded_created = FoldedNodes(), array("q")
         ops, refs, metas, shared = self.ops, self.refs, self.tensor_meta, self._folded_records()
         shapes, rows, made_by = self._shapes(), self.interned_rows, self.folded_created
         tuples = self.shared_tuples
