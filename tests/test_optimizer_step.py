@@ -234,7 +234,8 @@ def test_a_step_runs_with_our_mode_off_the_stack(monkeypatch):
     assert during == [recorder_module._PROFILER_ENTER, recorder_module._PROFILER_EXIT]
     assert seen_in_step == [depth - 1] and after == depth
     [step] = _step_ops(trace)
-    assert step.name == "SGD.step" and len(step.writes) == 4  # the parameters (its first step makes the momentum buffers)
+    # The parameters: its first step makes the momentum buffers rather than writing them.
+    assert step.name == "SGD.step" and len(step.writes) == 4
     assert trace.ops[-1].name == "Tensor.sum" and trace.warnings == []
 
 

@@ -70,7 +70,7 @@ class capture:
         self._thread = None
         self._not_started = None   # why recording could not start, if it could not
         self._recursion_limit = None  # the user's limit, while ours (RECURSION_HEADROOM more) is set
-        self._finalizer = None
+        self._safety_net = None
         self.trace = Trace()
 
     def __enter__(self) -> Trace:
@@ -125,8 +125,8 @@ class capture:
         # freed (as the interrupt unwinds the with statement), remove what is still installed.
         # A weak reference's callback, not __del__: it is dropped on every normal exit, so no
         # interrupt can land in it and be lost.
-        self._finalizer = weakref.ref(self, _capture_freed)
-        _left_behind[self._finalizer] = (recorder, self._thread, limit)
+        self._safety_net = weakref.ref(self, _capture_freed)
+        _left_behind[self._safety_net] = (recorder, self._thread, limit)
 
     def _stop_recording(self, exc=None):
         """Remove the mode, the hooks and the thread's recorder; every step is tried, the first
@@ -134,9 +134,9 @@ class capture:
         if not self._installed:
             return
         self._installed = False
-        finalizer, self._finalizer = self._finalizer, None
-        if finalizer is not None:
-            _left_behind.pop(finalizer, None)
+        safety_net, self._safety_net = self._safety_net, None
+        if safety_net is not None:
+            _left_behind.pop(safety_net, None)
         limit, self._recursion_limit = self._recursion_limit, None
         if exc is not None:
             _finish_interrupted_mode_stashes(exc)
@@ -176,9 +176,7 @@ class capture:
                 self.trace.warnings.extend([self._not_started] + ended)
             elif recorder is not None:
                 if recorder.step is not None:  # the block ended inside an optimizer step
-                    if recorder.step_popped and exc is None:  # one that raised, caught by the user
-                        recorder.unrecorded_after_step = recorder.step[3]
-                    recorder.end_step()
+                    recorder.end_block_inside_step(raised=exc is not None)
                 part = recorder if outer is None else recorder.since(self._start)
                 previous_off, recorder.off = recorder.off, "building the trace"
                 try:

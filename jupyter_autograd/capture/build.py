@@ -15,7 +15,7 @@ from ..model import Checkpoint, GraphNode, Location, OpRecord, SavedSlot, Tensor
 from . import graph as graph_snapshot
 from . import nan_watch
 from .recorder import (_BACKWARD_FUNCS, _DATA_GETTER, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD, OP_IN, OP_LINE,
-                       OP_OUT, OP_SEQ, OP_VA, OP_VB, OP_WR)
+                       OP_OUT, OP_VA, OP_VB, OP_WR, TENSOR, value_kind)
 
 _op_names = {}
 
@@ -449,19 +449,12 @@ def _namespace_names(recorder, namespaces) -> Dict[int, str]:
     spaces += list(recorder.user_globals.values())
     params: Dict[int, str] = {}
     modules: Dict[int, str] = {}
-    kinds = _value_kinds
     for ns in spaces:
         for name, value in list(ns.items()):
-            # A notebook's namespace holds hundreds of names, scanned at the end of every block:
-            # the kind of each value is looked up by its exact type (isinstance on torch.Tensor
-            # goes through a metaclass and costs several times more).
-            cls = type(value)
-            kind = kinds.get(cls)
-            if kind is None:
-                kind = _value_kind(cls)
+            kind = value_kind(value)
             if not kind or name.startswith("_") or name in ("In", "Out"):
                 continue
-            if kind is _TENSOR:
+            if kind is TENSOR:
                 t_id = known(value)
                 if t_id is not None:
                     found.setdefault(t_id, name)
@@ -482,17 +475,6 @@ def _namespace_names(recorder, namespaces) -> Dict[int, str]:
     for t_id, name in recorder.names.items():
         found.setdefault(t_id, name)
     return found, modules
-
-
-_TENSOR, _MODULE = "tensor", "module"
-_value_kinds = {}  # exact type -> _TENSOR, _MODULE or "" (neither)
-
-
-def _value_kind(cls):
-    kind = _TENSOR if issubclass(cls, torch.Tensor) else _MODULE if issubclass(cls, torch.nn.Module) else ""
-    if len(_value_kinds) < 10_000:  # types made on the fly (one per call) must not grow it for ever
-        _value_kinds[cls] = kind
-    return kind
 
 
 class _ModuleTree:

@@ -87,9 +87,6 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
     by_pointer = _PointerIndex(recorder)
     backward = op_index if kind == "backward" else None
     last_write = recorder.last_write
-    folded_runs = recorder.folded_node_runs if recorder.folded_nodes else None
-    retained = recorder.retained
-    accumulate_grad = _ACCUMULATE_GRAD
     while stack:
         fn, key = stack.pop()
         if id(fn) in held:
@@ -100,13 +97,11 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
             continue  # walked before, and nothing was written since: the same subgraph, the same slots
         # Each child's key is computed once, here, and travels with it on the stack (a leaf's key
         # costs a tensor lookup).
-        children = [(c, None if c is None else
-                     -1 - recorder._tid(c.variable) if type(c) is accumulate_grad else c._sequence_nr())
-                    for c, _ in fn.next_functions]
+        children = [(c, None if c is None else node_key(c, recorder)) for c, _ in fn.next_functions]
         if entry is None:
-            variable = recorder._tid(fn.variable) if type(fn) is accumulate_grad else None
+            variable = recorder._tid(fn.variable) if type(fn) is _ACCUMULATE_GRAD else None
             child_keys = tuple([k for _, k in children])
-            name, runs = _node_name(fn), folded_runs(key) if folded_runs is not None else ()
+            name, runs = _node_name(fn), recorder.folded_node_runs(key)
         else:
             name, child_keys, variable, runs = entry[0], entry[1], entry[2], entry[3]
         if backward is not None and (not runs or runs[-1] != backward):  # indices only grow
@@ -132,11 +127,7 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
             check = made_by is None or last_write > made_by
             # An empty slot is freed if a backward that did not retain the graph ran this node
             # before; otherwise it was never saved (its input needed no gradient).
-            ran_before = False
-            for b in entry[3]:
-                if b < op_index and not retained.get(b, False):
-                    ran_before = True
-                    break
+            ran_before = any(b < op_index and not recorder.retained.get(b, False) for b in entry[3])
             for name, raw_attr, check_attr in names:
                 slots.extend(_slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check,
                                        ran_before))
@@ -188,10 +179,7 @@ def _slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check=T
         items = [(name, raw)]
     stale, versions = None, None
     out = []
-    if len(items) == 1:
-        hooked = items[0][1].unpack_hook is not None
-    else:
-        hooked = any(saved.unpack_hook is not None for _, saved in items)
+    hooked = any(saved.unpack_hook is not None for _, saved in items)
     for slot, saved in items:
         if hooked:
             # Packed by a saved-tensor hook (checkpointing, save_on_cpu, the user's own): checking

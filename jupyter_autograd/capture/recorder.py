@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import bisect
 import operator
-from array import array
 import os
 import site
 import sys
@@ -22,6 +21,7 @@ import sysconfig
 import threading
 import warnings as _warnings
 import weakref
+from array import array
 
 import torch
 from torch.nn.modules import module as _nn_module
@@ -404,7 +404,7 @@ class Recorder(TorchFunctionMode):
         self.funcs = list(_KEPT_FUNCS)
         self.func_ids = {f: i for i, f in enumerate(self.funcs)}
         # Made by the first folding pass (most blocks never fold; every block would pay for them):
-        self.folded_nodes = ()         # FoldedNodes: (first key, end key, backward op indices that ran them) of nodes _fold dropped
+        self.folded_nodes = ()         # FoldedNodes: key ranges of nodes _fold dropped, with the calls that ran them
         self.folded_created = ()       # array: per tid, for rows _fold shared, the op that made it, or -1
         self.interned_rows = {}        # equal tensor_meta rows of folded tensors, kept once
         self.shared_tuples = {}        # equal tuples of tids in kept records (see _shared)
@@ -645,6 +645,14 @@ class Recorder(TorchFunctionMode):
         if index >= self.fold_at:
             self._fold(index - _FOLD_EVERY)
 
+    def end_block_inside_step(self, raised):
+        """The block ends with a step still open. If our mode is off the stack for it and the
+        block did not raise, the step raised and the user caught it: what ran after it was not
+        recorded."""
+        if self.step_popped and not raised:
+            self.unrecorded_after_step = self.step[3]
+        self.end_step()
+
     def resume_after_failed_step(self):
         """Called from our module and Function hooks while a step that took our mode off the stack
         is still open: no torch.optim step calls a module or a custom Function, so the step
@@ -775,8 +783,7 @@ class Recorder(TorchFunctionMode):
                 metas[t] = row
                 if meta[5] is not None:
                     if len(made_by) <= t:
-                        made_by.extend(_NO_OPS[:t + 1 - len(made_by)] if t + 1 - len(made_by) <= len(_NO_OPS)
-                                       else array("q", [-1]) * (t + 1 - len(made_by)))
+                        made_by.extend(_NO_OP * (t + 1 - len(made_by)))
                     made_by[t] = meta[5]
             folded += 1
         self.folded += folded
@@ -985,17 +992,8 @@ class Recorder(TorchFunctionMode):
         self.checkpoints.append(graph_snapshot.take(self, roots, len(self.ops), "backward", inputs, retain))
 
     def note_names(self, namespace):
-        # A notebook's namespace holds hundreds of names, read before every backward call: a
-        # value's type is judged once (isinstance on torch.Tensor goes through its metaclass).
-        tensor_types = _tensor_types
         for name, value in list(namespace.items()):
-            cls = type(value)
-            is_tensor = tensor_types.get(cls)
-            if is_tensor is None:
-                is_tensor = issubclass(cls, _Tensor)
-                if len(tensor_types) < 10_000:  # types made on the fly must not grow it for ever
-                    tensor_types[cls] = is_tensor
-            if is_tensor and not name.startswith("_"):
+            if value_kind(value) is TENSOR and not name.startswith("_"):
                 t_id = self.known(value)
                 if t_id is not None:
                     self.names.setdefault(t_id, name)
@@ -1005,8 +1003,24 @@ def _on_stack(mode):
     return any(_stack_at(i) is mode for i in range(_stack_length()))
 
 
+TENSOR, MODULE = "tensor", "module"
+_value_kinds = {}  # exact type -> TENSOR, MODULE or "" (neither)
+
+
+def value_kind(value):
+    """TENSOR, MODULE or "" for a value of a user's namespace. A notebook's namespace holds
+    hundreds of names, scanned before every backward call and at every block's end: the kind is
+    looked up by exact type (isinstance on torch.Tensor goes through a metaclass)."""
+    cls = type(value)
+    kind = _value_kinds.get(cls)
+    if kind is None:
+        kind = TENSOR if issubclass(cls, _Tensor) else MODULE if issubclass(cls, torch.nn.Module) else ""
+        if len(_value_kinds) < 10_000:  # types made on the fly (one per call) must not grow it for ever
+            _value_kinds[cls] = kind
+    return kind
+
+
 _signatures = {}
-_tensor_types = {}  # exact type -> whether it is a tensor type (note_names)
 _TENSOR_BACKWARD = torch.Tensor.backward
 _step_ops = weakref.WeakKeyDictionary()  # optimizer class -> its step op
 
@@ -1023,7 +1037,7 @@ def _step_op(cls, step):
     return op
 
 
-_NO_OPS = array("q", [-1]) * 4096
+_NO_OP = array("q", [-1])  # folded_created's entry for a tensor no op made
 
 
 def _packed(versions):
