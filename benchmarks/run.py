@@ -114,8 +114,13 @@ def time_modes(step, reps):
 
 
 def interleaved_medians(modes, reps):
-    """Median seconds per call of each mode, after one warm-up call each; runs interleaved, in a
-    rotating order, so drift on a shared machine hits all modes alike."""
+    """Median seconds per call of each mode (see interleaved_samples)."""
+    return {k: statistics.median(v) for k, v in interleaved_samples(modes, reps).items()}
+
+
+def interleaved_samples(modes, reps):
+    """Seconds per call of each mode, one per repetition, after one warm-up call each; runs
+    interleaved, in a rotating order, so drift on a shared machine hits all modes alike."""
     for fn in modes.values():
         fn()
     samples = {k: [] for k in modes}
@@ -126,7 +131,7 @@ def interleaved_medians(modes, reps):
             start = time.perf_counter()
             modes[name]()
             samples[name].append(time.perf_counter() - start)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return samples
 
 
 def torchviz_time(step_factory):

@@ -306,3 +306,30 @@ def test_module_hooks_are_removed_and_survive_a_failing_forward():
         lin(torch.ones(1, 2))  # after the failure the module path is right again
     assert not nn_module._global_forward_pre_hooks and not nn_module._global_forward_hooks
     assert [op.module for op in trace.ops if op.name == "F.linear"] == [("net", "net.0"), ("lin",)]
+
+
+def test_backward_arguments_are_bound_as_signature_bind_binds_them():
+    """The recorder binds backward()'s arguments without Signature.bind on well-formed calls:
+    the same names, every way a call can pass them."""
+    import inspect
+
+    from jupyter_autograd.capture.recorder import _bind_backward
+
+    t, x = torch.ones(2), torch.ones(2)
+    calls = [
+        (torch.Tensor.backward, (t,), {}),
+        (torch.Tensor.backward, (t,), dict(gradient=None, retain_graph=None, create_graph=False, inputs=None)),
+        (torch.Tensor.backward, (t, x, True), {}),
+        (torch.Tensor.backward, (t,), dict(retain_graph=True)),
+        (torch.autograd.backward, ([t],), dict(grad_tensors=None, retain_graph=True)),
+        (torch.autograd.backward, (), dict(tensors=[t], inputs=[x])),
+        (torch.autograd.grad, ([t], [x]), dict(allow_unused=True)),
+        (torch.autograd.grad, ([t],), dict(inputs=[x], create_graph=True)),
+    ]
+    for func, args, kwargs in calls:
+        expected = dict(inspect.signature(func).bind(*args, **kwargs).arguments)
+        assert _bind_backward(func, args, kwargs) == expected, (func, args, kwargs)
+    # Malformed calls fall back to Signature.bind, which refuses them: backward itself will say so.
+    assert _bind_backward(torch.Tensor.backward, (t,), dict(self=t)) == {}
+    assert _bind_backward(torch.Tensor.backward, (t,), dict(bogus=1)) == {}
+    assert _bind_backward(torch.Tensor.backward, (t, None, None, False, None, 1), {}) == {}

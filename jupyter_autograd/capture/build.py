@@ -88,9 +88,10 @@ def freeze(recorder, namespaces: Iterable[dict]):
             live[t_id] = (bool(t.requires_grad), bool(t.is_leaf),
                           None if fn is None else fn.name().rpartition("::")[2],
                           None if fn is None else graph_snapshot.node_key(fn, recorder), ref, t._version)
-    names, module_names = _namespace_names(recorder, namespaces)
-    _name_outermost_modules(recorder, module_names)
-    for t_id, (owner, dotted) in _module_parameters(recorder, module_names).items():
+    trees = {}  # (id(module), name) -> _ModuleTree: the model is met by more than one of these
+    names, module_names = _namespace_names(recorder, namespaces, trees)
+    _name_outermost_modules(recorder, module_names, trees)
+    for t_id, (owner, dotted) in _module_parameters(recorder, module_names, trees).items():
         names.setdefault(t_id, dotted)
         recorder.param_owner[t_id] = owner
     _name_module_paths(recorder, module_names)
@@ -186,7 +187,7 @@ def _outermost_modules(recorder):
     return list(seen.values())
 
 
-def _name_outermost_modules(recorder, module_names):
+def _name_outermost_modules(recorder, module_names, trees):
     """A module that no namespace names (a model made inside a function) goes by the callee of the
     line that called it (recorded by the forward pre-hook), when that line calls exactly one thing
     that can be a module: `logits = model(x)` names it `model`, `h = self.encoder(x)`
@@ -202,7 +203,7 @@ def _name_outermost_modules(recorder, module_names):
         callee = _single_callee(linecache.getline(filename, line).strip())
         if callee:
             module_names[id(module)] = callee
-            for module_id, dotted in _module_tree(module, callee).modules:
+            for module_id, dotted in _module_tree(module, callee, trees).modules:
                 module_names.setdefault(module_id, dotted)
 
 
@@ -229,14 +230,14 @@ def _single_callee(text: str) -> Optional[str]:
     return candidates[0] if len(candidates) == 1 else None
 
 
-def _module_parameters(recorder, module_names):
+def _module_parameters(recorder, module_names, trees):
     """tid -> (outermost module's name, dotted parameter name) for every parameter of the modules
     called in the block, used or not (an unused one is information for the report)."""
     out = {}
     for module, _ in _outermost_modules(recorder):
         owner = module_names.get(id(module)) or type(module).__name__
         try:
-            named = _module_tree(module, owner).params
+            named = _module_tree(module, owner, trees).params
         except Exception:
             continue
         for dotted, p in named:
@@ -505,7 +506,7 @@ def _graph(recorder, trace):
             trace.nodes[key].saved.append(slot)
 
 
-def _namespace_names(recorder, namespaces) -> Dict[int, str]:
+def _namespace_names(recorder, namespaces, trees) -> Dict[int, str]:
     known = recorder.known
     found: Dict[int, str] = {}
     spaces: List[dict] = [ns for ns in namespaces if isinstance(ns, dict)]
@@ -523,7 +524,7 @@ def _namespace_names(recorder, namespaces) -> Dict[int, str]:
                     found.setdefault(t_id, name)
                 continue
             try:
-                tree = _module_tree(value, name)
+                tree = _module_tree(value, name, trees)
             except Exception:
                 continue
             for dotted, p in tree.params + tree.buffers:
@@ -568,10 +569,15 @@ class _ModuleTree:
         self.params, self.buffers, self.modules = params, buffers, modules
 
 
-def _module_tree(module, name):
-    if type(module).named_parameters is not _NAMED_PARAMETERS or type(module).named_modules is not _NAMED_MODULES:
-        return _GeneratorModuleTree(module, name)  # a module that names its own (FSDP wrappers, ...)
-    return _ModuleTree(module, name)
+def _module_tree(module, name, trees):
+    tree = trees.get((id(module), name))
+    if tree is None:
+        if type(module).named_parameters is not _NAMED_PARAMETERS or type(module).named_modules is not _NAMED_MODULES:
+            tree = _GeneratorModuleTree(module, name)  # a module that names its own (FSDP wrappers, ...)
+        else:
+            tree = _ModuleTree(module, name)
+        trees[(id(module), name)] = tree
+    return tree
 
 
 class _GeneratorModuleTree:
