@@ -411,9 +411,7 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
 
     def analyse() -> Trace:
         try:
-            # Not DisableTorchFunctionSubclass alone: read inside another capture, the build's reads
-            # of gradients would be recorded there, at the line that read the trace.
-            with torch._C.DisableTorchFunction():
+            with torch._C.DisableTorchFunctionSubclass():
                 trace = build.build_trace(recorder, live, names, error)
             trace.warnings.extend(tool_warnings)
             if recorder.failure:
@@ -423,11 +421,6 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
                 trace.warnings.append("the optimizer step at %sline %d raised and the exception was caught: the "
                                       "tensor calls after it, up to the next module call or the end of the block, "
                                       "were not recorded" % ("" if code is None else code.co_filename + ", ", line))
-            if recorder.gradients_not_read:
-                trace.notes.append("%d gradients were changed or freed between the end of the block and the "
-                                   "first read of this trace, so they were not checked for NaN/Inf; read the "
-                                   "trace (or its diagnoses) right after the block to check them."
-                                   % recorder.gradients_not_read)
             if recorder.too_deep:
                 trace.warnings.append("%d calls ran too close to the recursion limit to be recorded"
                                       % recorder.too_deep)

@@ -7,7 +7,6 @@ import gc
 import io
 import linecache
 import tokenize
-import weakref
 from typing import Dict, Iterable, List, Optional
 
 import torch
@@ -98,78 +97,17 @@ def freeze(recorder, namespaces: Iterable[dict]):
     recorder.user_globals = {}  # never hold the user's namespaces (or modules) past the block
     recorder.modules = {}
     recorder.nonfinite = {}
-    recorder.gradients_to_read = _gradients_to_read(recorder)
+    if recorder.unchecked_backward is not None:  # the last backward of a long loop: check it now
+        index, leaves = recorder.unchecked_backward
+        grads = [(t_id, g) for t_id, g in ((t_id, _grad_of(recorder, t_id)) for t_id in leaves) if g is not None]
+        if grads:
+            recorder.gradient_flags.append((index, nan_watch.nonfinite_flags(grads)))
+        recorder.unchecked_backward = None
     for index, flags in recorder.gradient_flags:
-        _note_nonfinite(recorder, index, nan_watch.read_flags(flags))
+        for t_id in nan_watch.read_flags(flags):
+            recorder.nonfinite.setdefault(t_id, index)
     recorder.gradient_flags = []
     return live, names
-
-
-def _gradients_to_read(recorder):
-    """The CPU gradients still to be checked for NaN/Inf, as [(backward op index, [(tid, weak
-    reference, version)])]: they are read when the trace is (read_gradients), like the rest of the
-    analysis. A gradient that no leaf holds any more is read now: only our reference keeps it."""
-    batches = []
-    if recorder.unread_gradients is not None:
-        batches.append(recorder.unread_gradients)
-        recorder.unread_gradients = recorder.unread_ids = None
-    if recorder.unchecked_backward is not None:  # the last backward of a long loop
-        index, leaves = recorder.unchecked_backward
-        recorder.unchecked_backward = None
-        grads = [(t_id, g) for t_id, g in ((t_id, _grad_of(recorder, t_id)) for t_id in leaves) if g is not None]
-        later, flags = nan_watch.read_later(grads)
-        if flags:
-            recorder.gradient_flags.append((index, flags))
-        if later:
-            batches.append((index, later))
-    to_read = []
-    for index, grads in batches:
-        held, alone = [], []
-        for t_id, g in grads:
-            t = recorder.refs[t_id]()
-            version = _version_of(g) if t is not None and t.grad is g else None
-            if version is not None:
-                held.append((t_id, weakref.ref(g), version))
-            else:
-                alone.append((t_id, g))
-        if alone:
-            recorder.gradient_flags.append((index, nan_watch.nonfinite_flags(alone)))
-        if held:
-            to_read.append((index, held))
-    return to_read
-
-
-def _version_of(t):
-    try:
-        return t._version
-    except RuntimeError:  # an inference tensor has no version counter
-        return None
-
-
-def read_gradients(recorder):
-    """Check the gradients the block's end left to read (see _gradients_to_read). One changed or
-    freed since then is not read (its values are no longer the ones backward left): counted in
-    recorder.gradients_not_read, which the trace's notes report."""
-    not_read = 0
-    for index, entries in recorder.gradients_to_read:
-        grads = []
-        for t_id, ref, version in entries:
-            g = ref()
-            if g is None or _version_of(g) != version:
-                not_read += 1
-            else:
-                grads.append((t_id, g))
-        if grads:
-            _note_nonfinite(recorder, index, nan_watch.read_flags(nan_watch.nonfinite_flags(grads)))
-    recorder.gradients_to_read = ()
-    recorder.gradients_not_read += not_read
-
-
-def _note_nonfinite(recorder, index, t_ids):
-    nonfinite = recorder.nonfinite
-    for t_id in t_ids:
-        if index < nonfinite.get(t_id, index + 1):
-            nonfinite[t_id] = index
 
 
 def _grad_of(recorder, t_id):
@@ -280,7 +218,6 @@ def build_trace(recorder, live, names, error: Optional[str] = None) -> Trace:
     try:
         trace = Trace()
         trace.error = error
-        read_gradients(recorder)
         locations = _locations(recorder, trace)
         _tensors(recorder, trace, live, names)
         _ops(recorder, trace, locations)

@@ -2,8 +2,7 @@
 
 Cheap, always: after each backward call, one flag per leaf gradient ("not all finite"), kept on
 the gradient's device and read once when the block ends, so the per-op path never waits for a
-device. A CPU gradient is read when the trace is, like the rest of the analysis, if its leaf
-still holds it unchanged then (Recorder.unread_gradients says when it is read sooner). With capture(check_nan=True): a post-hook on every node of the graph about to run finds
+device. With capture(check_nan=True): a post-hook on every node of the graph about to run finds
 the first node whose outgoing gradients are not finite (all before it were), and reads its
 saved inputs to say which values did it (sqrt at 0, log of 0, division by zero, ...). The hooks
 are removed as soon as the backward call returns or raises.
@@ -20,20 +19,6 @@ _no_subclass_dispatch = torch._C.DisableTorchFunctionSubclass
 _Tensor = torch.Tensor
 _STRIDED = torch.strided
 _SUMMED = frozenset((torch.float32, torch.float64))  # summed and read in the hook (CPU only)
-
-
-def read_later(grads):
-    """Split [(tid, gradient)] into the CPU float gradients whose reading can wait for the trace
-    to be read (see Recorder.unread_gradients) and [(tid, flag)] for the others, set now: a device
-    gradient's flag is a device tensor (no sync), and the other kinds are rare."""
-    later, others = [], []
-    with _no_subclass_dispatch():
-        for tid, g in grads:
-            if type(g) is _Tensor and g.is_cpu and g.dtype in _SUMMED and g.layout is _STRIDED:
-                later.append((tid, g))
-            else:
-                others.append((tid, g))
-    return later, nonfinite_flags(others) if others else []
 
 
 def nonfinite_flags(grads):

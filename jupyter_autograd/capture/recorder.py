@@ -381,13 +381,6 @@ class Recorder(TorchFunctionMode):
         self.gradient_flags = []       # (backward op index, [(tid, device flag: gradient not finite)])
         self.backward_count = 0        # backward() calls so far (autograd.grad ones too)
         self.unchecked_backward = None  # (op index, leaf tids) of the last backward, if its gradients were not checked
-        # (op index, [(tid, gradient)]): CPU gradients of the last checked backward, not read yet.
-        # Reading them is the one pass over the gradients' memory that recording makes; it waits
-        # until something could change or drop them (read_unread_gradients) or the block ends.
-        self.unread_gradients = None
-        self.unread_ids = None         # ids of those gradients, while there are any: the hot path's test
-        self.gradients_to_read = ()    # at the end: those still held by their leaves, weakly (build.py)
-        self.gradients_not_read = 0    # of those, the ones changed or freed before the trace was read
         self.nan_origin = None         # with check_nan: where backward first made a NaN/Inf (nan_watch.py)
         self.nonfinite = {}            # at the end: tid -> index of the first backward that left its grad non-finite
         self.param_owner = {}          # at the end: parameter tid -> name of the outermost module that holds it
@@ -434,8 +427,6 @@ class Recorder(TorchFunctionMode):
                     self._step_profiler_event(func)
                 except Exception as exc:  # never let the tool break the user's call
                     self._fail(exc)
-        if self.unread_ids is not None:
-            self._before_gradients_change(func, args, kwargs)
         global _real_filters, _real_show
         w = _warnings
         relocate = w.filters is not _SHOW_ALL  # else a call of ours further up already re-routes them
@@ -908,13 +899,6 @@ class Recorder(TorchFunctionMode):
         part.optimized = set(self.optimized)
         part.freeing_backwards = {i - start for i in self.freeing_backwards if i >= start}
         part.too_deep = part.folded = part.folded_backwards = 0
-        # The nested block's own backward calls: their gradients are read for it too.
-        part.gradient_flags = [(i - start, flags) for i, flags in self.gradient_flags if i >= start]
-        part.unread_gradients = (None if self.unread_gradients is None or self.unread_gradients[0] < start
-                                 else (self.unread_gradients[0] - start, list(self.unread_gradients[1])))
-        part.unread_ids = None
-        part.unchecked_backward = (None if self.unchecked_backward is None or self.unchecked_backward[0] < start
-                                   else (self.unchecked_backward[0] - start, self.unchecked_backward[1]))
         part.folded_upto = part.fold_at = sys.maxsize  # nothing more is recorded into it
         part.folded_nodes = FoldedNodes((first, end, tuple(b - start for b in ran_by if b >= start))
                                         for first, end, ran_by in self.folded_nodes)
@@ -931,8 +915,6 @@ class Recorder(TorchFunctionMode):
         try:
             tensors = _tensors_in(args, kwargs)
             with _hidden_from_subclasses():
-                if self.unread_gradients is not None:  # this call accumulates into them
-                    self.read_unread_gradients()
                 before = _versions(tensors)
                 self._checkpoint_before_backward(func, args, kwargs)
             if self.check_nan:
@@ -969,9 +951,7 @@ class Recorder(TorchFunctionMode):
         """Flag non-finite gradients of the leaves this backward reached, without a device sync:
         the flags stay device tensors until the block ends (see build.py). Reading every gradient
         costs a pass over its memory, so a long loop checks backward calls 1, 2, 4, 8, ... and the
-        last one (at the end of the block): a NaN that spreads to the weights is still found.
-        CPU gradients are read later (unread_gradients): when the trace is read, if they are
-        still the leaves' gradients then, else as soon as something could change or drop them."""
+        last one (at the end of the block): a NaN that spreads to the weights is still found."""
         index = len(self.ops) - 1
         self.backward_count += 1
         if self.backward_count & (self.backward_count - 1):
@@ -990,36 +970,7 @@ class Recorder(TorchFunctionMode):
                 if g is not None and (g.is_floating_point() or g.is_complex()):
                     grads.append((tid, g))
         self.walked_leaves = ()
-        if not grads:
-            return
-        if func is torch.autograd.grad:  # gradients returned to the caller: no leaf holds them
-            self.gradient_flags.append((index, nan_watch.nonfinite_flags(grads)))
-            return
-        later, flags = nan_watch.read_later(grads)
-        if flags:
-            self.gradient_flags.append((index, flags))
-        if later:
-            self.unread_gradients = (index, later)
-            self.unread_ids = {id(g) for _, g in later}
-
-    def _before_gradients_change(self, func, args, kwargs):
-        """While gradients wait to be read: read them before a call that could change them (one
-        that takes one of them) or drop one (a setter: `p.grad = None` in zero_grad)."""
-        try:
-            if type(func) is _GETTER_TYPE:
-                if func.__name__ == "__set__":
-                    self.read_unread_gradients()
-                return
-            ids = self.unread_ids
-            if any(id(t) in ids for t in _tensors_in(args, kwargs)):
-                self.read_unread_gradients()
-        except Exception as exc:  # never let the tool break the user's call
-            self._fail(exc)
-
-    def read_unread_gradients(self):
-        unread, self.unread_gradients, self.unread_ids = self.unread_gradients, None, None
-        if unread is not None:
-            index, grads = unread
+        if grads:
             self.gradient_flags.append((index, nan_watch.nonfinite_flags(grads)))
 
     def _checkpoint_before_backward(self, func, args, kwargs):
