@@ -1,6 +1,9 @@
 """check_nan's watch (capture/nan_watch.py): the fast check in the hook and the device path, whose
 flags are read once when the backward call ends, must find the same node and the same values."""
+import weakref
+
 import torch
+from torch import nn
 
 import jupyter_autograd as ja
 from jupyter_autograd.capture import nan_watch
@@ -168,3 +171,128 @@ def test_nodes_that_only_move_gradients_get_no_hook_and_the_origin_is_still_foun
     a = torch.ones(2, requires_grad=True)
     assert not nan_watch._passes_through(torch.add(a, a, alpha=3.0).grad_fn)  # scales: watched
     assert nan_watch._passes_through((a + a).grad_fn)
+
+
+# -- the always-on leaf check in training code: what zero_grad, clipping and nesting do --
+
+class _Net(nn.Module):
+    """A linear layer, and a gain whose square root is taken: its gradient is inf where it is 0."""
+
+    def __init__(self, gain):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.gain = nn.Parameter(torch.full((2,), gain))
+
+    def forward(self, x):
+        return (self.lin(x) * self.gain.sqrt()).sum()
+
+
+def _train_step(model, opt, x):
+    opt.zero_grad()
+    loss = model(x)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def _epoch(model, opt, inputs, set_to_none):
+    """Backward calls with zero_grad between them, and no step (a step would spread the NaN)."""
+    for x in inputs:
+        opt.zero_grad(set_to_none=set_to_none)
+        model(x).backward()
+
+
+def test_gradients_are_read_before_zero_grad_drops_or_zeroes_them():
+    """The NaN of the first backward only: the next calls would find nothing. A check at the end
+    of the block alone would find zeros, or the gradients of the last call."""
+    for set_to_none in (True, False):
+        torch.manual_seed(0)
+        model = _Net(1.0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        inputs = [torch.zeros(4, 3), torch.ones(4, 3), torch.ones(4, 3)]
+        with torch.no_grad():
+            model.gain.zero_()  # sqrt at 0 for the first call
+        with ja.capture() as trace:
+            with torch.no_grad():
+                model.gain[:] = 0.0
+            _epoch(model, opt, inputs[:1], set_to_none)
+            with torch.no_grad():
+                model.gain.fill_(1.0)  # finite from now on
+            _epoch(model, opt, inputs[1:], set_to_none)
+        kinds = [(d.kind, d.tensor) for d in trace.diagnoses]
+        assert ("nan-gradient", "model.gain") in kinds, (set_to_none, kinds)
+        assert model.gain.grad is not None and torch.isfinite(model.gain.grad).all()
+
+
+def test_a_gradient_zero_grad_dropped_is_not_kept_alive_by_the_tool():
+    model = _Net(1.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ja.capture():
+        model(torch.ones(4, 3)).backward()
+        first = weakref.ref(model.gain.grad)
+        opt.zero_grad()  # p.grad = None: nothing of the tool's holds the gradient
+        assert first() is None
+        model(torch.ones(4, 3)).backward()
+    second = weakref.ref(model.gain.grad)
+    opt.zero_grad()
+    assert second() is None  # after the block the tool holds weak references only
+
+
+def test_clip_grad_norm_after_a_nan_does_not_spread_the_blame():
+    """clip_grad_norm_ multiplies every gradient by a NaN coefficient: read after it, every leaf
+    would be blamed. The gradients are read when backward returns."""
+    class GainNeverUsed(_Net):
+        def forward(self, x):
+            return self.lin(x).sum() + (self.gain.sqrt() * 0).sum()  # its gradient: 0 * inf, NaN
+
+    model = GainNeverUsed(0.0)
+    with ja.capture() as trace:
+        model(torch.randn(4, 3)).backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    assert torch.isnan(model.lin.weight.grad).all()  # the clip did spread it
+    (d,) = trace.diagnoses
+    assert d.kind == "nan-gradient" and d.tensor == "model.gain"
+    assert "model.lin" not in d.message
+
+
+def test_a_model_made_and_dropped_inside_a_function_has_its_gradients_read():
+    def train_fresh_model():
+        model = _Net(0.0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        return _train_step(model, opt, torch.randn(4, 3))
+
+    with ja.capture() as trace:
+        train_fresh_model()
+    assert [d.kind for d in trace.diagnoses] == ["nan-gradient"]
+
+
+def test_a_trace_read_inside_another_capture_adds_nothing_to_it():
+    model = _Net(0.0)
+    with ja.capture() as first:
+        model(torch.randn(4, 3)).backward()
+    with ja.capture() as second:
+        assert [d.kind for d in first.diagnoses] == ["nan-gradient"]  # built here
+    assert second.ops == []
+
+
+def test_a_nested_capture_reads_the_gradients_of_its_own_backward():
+    model = _Net(0.0)
+    with ja.capture() as outer:
+        with ja.capture() as inner:
+            model(torch.randn(4, 3)).backward()
+        model.lin(torch.ones(1, 3)).sum()
+    assert [d.kind for d in inner.diagnoses] == ["nan-gradient"]
+    assert [d.kind for d in outer.diagnoses] == ["nan-gradient"]
+
+
+def test_a_nested_capture_is_not_blamed_for_a_nan_of_the_outer_block():
+    model = _Net(0.0)
+    with ja.capture() as outer:
+        model(torch.randn(4, 3)).backward()  # NaN, before the inner block
+        model.zero_grad()
+        with torch.no_grad():
+            model.gain.fill_(1.0)
+        with ja.capture() as inner:
+            model(torch.randn(4, 3)).backward()  # finite
+    assert [d.kind for d in outer.diagnoses] == ["nan-gradient"]
+    assert inner.diagnoses == []

@@ -411,7 +411,9 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
 
     def analyse() -> Trace:
         try:
-            with torch._C.DisableTorchFunctionSubclass():
+            # Not DisableTorchFunctionSubclass alone: read inside another capture, the build's reads
+            # of gradients would be recorded there, at the line that read the trace.
+            with torch._C.DisableTorchFunction():
                 trace = build.build_trace(recorder, live, names, error)
             trace.warnings.extend(tool_warnings)
             if recorder.failure:

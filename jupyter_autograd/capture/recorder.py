@@ -899,6 +899,11 @@ class Recorder(TorchFunctionMode):
         part.optimized = set(self.optimized)
         part.freeing_backwards = {i - start for i in self.freeing_backwards if i >= start}
         part.too_deep = part.folded = part.folded_backwards = 0
+        # The nested block's own backward calls: their gradient flags, in its numbering (a shared
+        # list would also take the flags its end adds).
+        part.gradient_flags = [(i - start, flags) for i, flags in self.gradient_flags if i >= start]
+        part.unchecked_backward = (None if self.unchecked_backward is None or self.unchecked_backward[0] < start
+                                   else (self.unchecked_backward[0] - start, self.unchecked_backward[1]))
         part.folded_upto = part.fold_at = sys.maxsize  # nothing more is recorded into it
         part.folded_nodes = FoldedNodes((first, end, tuple(b - start for b in ran_by if b >= start))
                                         for first, end, ran_by in self.folded_nodes)
