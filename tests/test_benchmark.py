@@ -57,3 +57,18 @@ def test_full_run_says_met_or_missed_for_each_goal():
     assert missed["10,000 nodes captured, diagnosed and opened < 2 s"] is False
     assert missed["100,000 nodes captured, diagnosed and opened < 10 s"] is None  # not run
     assert missed["peak memory under capture <= 1.10x"] is False and missed["no user tensor kept alive"] is False
+
+
+def test_against_baseline_imports_a_commit_beside_this_package_and_judges_from_paired_runs():
+    """Against HEAD (in every clone, shallow ones too): the machinery, not the numbers."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "against_baseline.py"), "--rev", "HEAD",
+                           "--reps", "2", "--workloads", "cnn"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("CNN 8x3x32x32"))
+    ratios = [float(x) for x in re.findall(r" ([0-9.]+)x", row[len("CNN 8x3x32x32"):])]
+    assert len(ratios) == 4 and all(r > 0 for r in ratios)
+    assert re.search(r"(not grown|GROWN) \(no slower in [0-2] of 2 paired runs\)", row)
+    assert re.search(r"^capture overhead against HEAD: (not grown|GROWN)$", proc.stdout, re.M)
+    refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "against_baseline.py"), "--rev",
+                              "no-such-commit"], capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "cannot read jupyter_autograd/ at 'no-such-commit'" in refused.stderr

@@ -32,7 +32,8 @@ def nonfinite_flags(grads):
 
 
 def _cpu_nonfinite(g):
-    g = g.detach()
+    if g.requires_grad:  # only with create_graph=True: a detached alias costs an allocation
+        g = g.detach()
     return not math.isfinite(g.sum()) and not bool(torch.isfinite(g).all())
 
 
