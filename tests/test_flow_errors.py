@@ -191,3 +191,60 @@ def test_save_on_cpu_is_not_unpacked_by_the_tool():
         y.backward()
     assert trace.warnings == [] and trace.diagnoses == []
     assert any(s.hooked for n in trace.nodes.values() for s in n.saved)
+
+
+def _tanh_step(carry, w):
+    return torch.tanh(carry * w)
+
+
+def test_a_backward_with_two_problems_says_which_one_raised():
+    """The graph-freed node comes first in engine order (its graph was made after the stale
+    tensor's), so PyTorch raises that one; the stale sigmoid output is named too, as the error
+    that comes next once the first is fixed, never as the one that raised."""
+    w = torch.ones(3, requires_grad=True)
+
+    def train():
+        gate = (w * 2).sigmoid()  # SigmoidBackward0 saves its output
+        h = _tanh_step(torch.ones(3), w)
+        h.sum().backward()  # frees h's graph
+        h = _tanh_step(h, w)  # carries the freed graph
+        with torch.no_grad():
+            gate.mul_(2)
+        (gate.sum() + h.sum()).backward()
+
+    with pytest.raises(RuntimeError, match="second time"):
+        with ja.capture() as trace:
+            train()
+    by_kind = {d.kind: d for d in trace.diagnoses}
+    assert set(by_kind) == {"graph-freed", "saved-tensor-modified"}
+    assert "PyTorch raised \"Trying to backward through the graph a second time\"" in by_kind["graph-freed"].message
+    stale = by_kind["saved-tensor-modified"].message
+    assert "backward() stopped at another error first; with that one fixed, it raises" in stale
+    assert "backward() raised" not in stale
+
+
+def test_the_other_order_an_optimizer_step_before_a_carried_graph():
+    w1 = torch.linspace(-1.0, 1.0, 4, requires_grad=True)
+    w2 = torch.linspace(0.5, 1.5, 4, requires_grad=True)
+    opt = torch.optim.SGD([w1, w2], lr=0.1)
+
+    def forward(x, state):
+        h = torch.tanh(x * w1 + state)
+        return (h.exp() * w2).sum(), h
+
+    def train(steps):
+        state = torch.zeros(4)
+        for step in range(steps):
+            loss, h = forward(torch.linspace(0.0, 1.0, 4) + step, state)
+            state = h  # not detached: the next step runs into this step's freed graph
+            opt.step()  # the first step has no gradients yet: it writes nothing
+            loss.backward()
+
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        with ja.capture() as trace:
+            train(2)
+    by_kind = {d.kind: d for d in trace.diagnoses}
+    assert set(by_kind) == {"graph-freed", "saved-tensor-modified"}
+    assert "backward() raised" in by_kind["saved-tensor-modified"].message
+    assert ("PyTorch stopped this backward at another error first; with that one fixed, it raises"
+            in by_kind["graph-freed"].message)

@@ -16,6 +16,7 @@ from ..model import Checkpoint, Diagnosis, OpRecord, Trace
 from .paths import ancestors, descendants, engine_order, exit_before, first_use, is_cut, leading_to, node_at
 
 _NO_GRAD_FN = "does not require grad and does not have a grad_fn"
+_GRAPH_FREED_ERROR = "backward through the graph a second time"
 _UNUSED_INPUT = re.compile(r"ifferentiated Tensors? (?:at index (\d+) )?appears? to not have been used in the graph")
 _MOVES = {"to", "cuda", "cpu", "double", "float", "half", "bfloat16", "type", "long", "int", "mps", "xpu"}
 _COPIES = _MOVES | {"clone", "contiguous"}  # ops whose result the user takes for the tensor itself
@@ -83,11 +84,15 @@ def graph_freed(trace: Trace) -> List[Diagnosis]:
                     "on %s already ran that graph and freed its buffers, and this backward runs into it again"
                     % (where(culprit), _name(trace, carried) or trace.tensor_label(carried),
                        line_ref(trace.ops[earlier])))
-        failed = backward.error is not None
+        if backward.error is None:
+            outcome = "PyTorch will raise"
+        elif _GRAPH_FREED_ERROR in backward.error:
+            outcome = "PyTorch raised"
+        else:  # another problem of this call comes first in engine order: say so, not that this one raised
+            outcome = "PyTorch stopped this backward at another error first; with that one fixed, it raises"
         name = _name(trace, carried) or (trace.tensor_label(carried) if carried is not None else None)
         message = ("%s. %s \"Trying to backward through the graph a second time\" at %s (node %s, whose saved "
-                   "tensors were freed)." % (what, "PyTorch raised" if failed else "PyTorch will raise",
-                                             line_ref(backward), trace.nodes[first].name))
+                   "tensors were freed)." % (what, outcome, line_ref(backward), trace.nodes[first].name))
         if root_run is not None:
             retained = _with_retain(trace.ops[earlier].location.source if trace.ops[earlier].location else "")
             fix = ("%s compute the forward pass again before the second backward. Only if both backward passes "

@@ -15,6 +15,7 @@ from ..model import Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
 from .paths import engine_order, reachable
 
 _LEAF_ERRORS = ("leaf Variable that requires grad is being used in an in-place operation",)
+_INPLACE_ERROR = "modified by an inplace operation"
 
 
 # -- leaf-inplace ---------------------------------------------------------------------------------
@@ -179,7 +180,13 @@ def _saved_diagnosis(trace, kind, cp: Checkpoint, slot: SavedSlot, node, saved_o
     node_name = node.name if node is not None else "a grad_fn node"
     saved_at = ("on %s (`%s`)" % (line_ref(save), save.location.source)
                 if save is not None and save.location else "before the recorded block")
-    after = "backward() raised" if cp.kind == "backward" and _backward_failed(trace, cp) else "backward() will raise"
+    error = trace.ops[cp.op_index].error if cp.kind == "backward" and _backward_failed(trace, cp) else None
+    if error is None:
+        after = "backward() will raise"
+    elif _INPLACE_ERROR in error:
+        after = "backward() raised"
+    else:  # another problem of this call comes first in engine order: say so, not that this one raised
+        after = "backward() stopped at another error first; with that one fixed, it raises"
     if kind == "saved-tensor-modified":
         if culprit is not None:
             what = "%s then changed it in place with %s" % (where(culprit[0]), describe_write(culprit[0]))
