@@ -64,6 +64,17 @@ def line_ref(op: OpRecord) -> str:
     return "line %d" % op.location.line if op.location else "an unknown line"
 
 
+def backward_outcome(error: Optional[str], own_error: str, raiser: str, stopper: str) -> str:
+    """What backward did about one problem of its call: raised for it, will raise (it has not run
+    yet), or, when it raised for another problem it met first, that it stopped there and raises
+    this one once that is fixed: never that it raised this one."""
+    if error is None:
+        return raiser + " will raise"
+    if own_error in error:
+        return raiser + " raised"
+    return stopper + " at another error first; with that one fixed, it raises"
+
+
 def where(op: OpRecord) -> str:
     if op.location is None:
         return "An operation"

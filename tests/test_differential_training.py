@@ -12,6 +12,8 @@ A backward call with two problems raises for the first it meets; the second test
 others are named too (found by replaying the program with the first taken away), and that only
 the first is said to have raised.
 """
+import contextlib
+
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -103,9 +105,10 @@ def _expected_when_failing(source, never_backpropagated, exc, trace, stats=None)
     where the program stopped (as at the block's end)."""
     expected = {kind for kind, text in ERRORS.items() if text in exc}
     assert expected, exc
-    if _probe_after_failure(source, never_backpropagated):
+    failure, stopped_at = _failing_call(source)
+    if _stale_graph_left(stopped_at, never_backpropagated):
         expected.add("saved-tensor-modified")
-    behind = _error_behind(source, _failing_call(source))
+    behind = _error_behind(source, failure)
     if behind is not None:
         if stats is not None:
             stats["second problem"] += 1
@@ -127,45 +130,52 @@ def _keeps_carried_history(source):
     return "state = h\n" in source and "retain_graph=True" in source
 
 
-def _probe_after_failure(source, never_backpropagated):
+class _Stop(Exception):
+    pass
+
+
+_BACKWARD = torch.Tensor.backward
+
+
+def _run_with_backward(source, replacement, context=None):
+    """The program plain, with Tensor.backward replaced; its namespace where it stopped."""
+    ns = {}
+    torch.Tensor.backward = replacement
+    try:
+        with context or contextlib.nullcontext():
+            exec(compile(source, "<training>", "exec"), ns)
+    except (RuntimeError, _Stop):
+        pass
+    finally:
+        torch.Tensor.backward = _BACKWARD
+    return ns
+
+
+def _failing_call(source):
+    """(index of the backward call that raised, its error), and the namespace where the program
+    stopped."""
+    calls, failed = [0], []
+
+    def counted(self, *args, **kwargs):
+        calls[0] += 1
+        try:
+            return _BACKWARD(self, *args, **kwargs)
+        except RuntimeError as e:
+            failed.append((calls[0], str(e)))
+            raise
+
+    ns = _run_with_backward(source, counted)
+    return failed[0], ns
+
+
+def _stale_graph_left(ns, never_backpropagated):
     """Where the program stopped: would a backward from a graph it never backpropagated raise
     "modified by an inplace operation"? (PROBE, run in the program's namespace.)"""
-    ns = {}
-    try:
-        exec(compile(source, "<training>", "exec"), ns)
-    except RuntimeError:
-        pass
     try:
         exec(compile(never_backpropagated + PROBE, "<probe>", "exec"), ns)
     except RuntimeError:
         return True
     return False
-
-
-class _Stop(Exception):
-    pass
-
-
-def _failing_call(source):
-    """(index of the backward call that raised, its error), or None: the program run plain."""
-    calls, failed, real = [0], [], torch.Tensor.backward
-
-    def counted(self, *args, **kwargs):
-        calls[0] += 1
-        try:
-            return real(self, *args, **kwargs)
-        except RuntimeError as e:
-            failed.append((calls[0], str(e)))
-            raise
-
-    torch.Tensor.backward = counted
-    try:
-        exec(compile(source, "<training>", "exec"), {})
-    except RuntimeError:
-        pass
-    finally:
-        torch.Tensor.backward = real
-    return failed[0] if failed else None
 
 
 def _error_behind(source, first_error):
@@ -176,7 +186,7 @@ def _error_behind(source, first_error):
     index, error = first_error
     if ERRORS["graph-cut"] in error:
         return None  # backward cannot start: nothing is behind it
-    calls, behind, real = [0], [], torch.Tensor.backward
+    calls, behind = [0], []
     frees = ERRORS["graph-freed"] in error
 
     def replayed(self, *args, **kwargs):
@@ -184,24 +194,15 @@ def _error_behind(source, first_error):
         if calls[0] < index:
             if frees:
                 kwargs["retain_graph"] = True
-            return real(self, *args, **kwargs)
+            return _BACKWARD(self, *args, **kwargs)
         try:
-            real(self, *args, **kwargs)
+            _BACKWARD(self, *args, **kwargs)
         except RuntimeError as e:
             behind.append(str(e))
         raise _Stop
 
-    torch.Tensor.backward = replayed
-    try:
-        if frees:
-            exec(compile(source, "<training>", "exec"), {})
-        else:
-            with torch.autograd.graph.allow_mutation_on_saved_tensors():
-                exec(compile(source, "<training>", "exec"), {})
-    except _Stop:
-        pass
-    finally:
-        torch.Tensor.backward = real
+    _run_with_backward(source, replayed,
+                       None if frees else torch.autograd.graph.allow_mutation_on_saved_tensors())
     return behind[0] if behind else None
 
 

@@ -11,7 +11,7 @@ import ast
 import re
 from typing import Dict, List, Optional, Set
 
-from ..fixes import NO_ONE_LINE_FIX, REPLACE, code, line_ref, where
+from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, where
 from ..model import Checkpoint, Diagnosis, OpRecord, Trace
 from .paths import ancestors, descendants, engine_order, exit_before, first_use, is_cut, leading_to, node_at
 
@@ -84,12 +84,7 @@ def graph_freed(trace: Trace) -> List[Diagnosis]:
                     "on %s already ran that graph and freed its buffers, and this backward runs into it again"
                     % (where(culprit), _name(trace, carried) or trace.tensor_label(carried),
                        line_ref(trace.ops[earlier])))
-        if backward.error is None:
-            outcome = "PyTorch will raise"
-        elif _GRAPH_FREED_ERROR in backward.error:
-            outcome = "PyTorch raised"
-        else:  # another problem of this call comes first in engine order: say so, not that this one raised
-            outcome = "PyTorch stopped this backward at another error first; with that one fixed, it raises"
+        outcome = backward_outcome(backward.error, _GRAPH_FREED_ERROR, "PyTorch", "PyTorch stopped this backward")
         name = _name(trace, carried) or (trace.tensor_label(carried) if carried is not None else None)
         message = ("%s. %s \"Trying to backward through the graph a second time\" at %s (node %s, whose saved "
                    "tensors were freed)." % (what, outcome, line_ref(backward), trace.nodes[first].name))

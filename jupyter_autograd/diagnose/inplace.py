@@ -9,8 +9,8 @@ from __future__ import annotations
 import bisect
 from typing import Dict, List, Optional, Tuple
 
-from ..fixes import (NO_ONE_LINE_FIX, accumulation_fix, code, data_fix, describe_write, inplace_fix, leaf_fix,
-                     line_ref, where)
+from ..fixes import (NO_ONE_LINE_FIX, accumulation_fix, backward_outcome, code, data_fix, describe_write,
+                     inplace_fix, leaf_fix, line_ref, where)
 from ..model import Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
 from .paths import engine_order, reachable
 
@@ -181,12 +181,7 @@ def _saved_diagnosis(trace, kind, cp: Checkpoint, slot: SavedSlot, node, saved_o
     saved_at = ("on %s (`%s`)" % (line_ref(save), save.location.source)
                 if save is not None and save.location else "before the recorded block")
     error = trace.ops[cp.op_index].error if cp.kind == "backward" and _backward_failed(trace, cp) else None
-    if error is None:
-        after = "backward() will raise"
-    elif _INPLACE_ERROR in error:
-        after = "backward() raised"
-    else:  # another problem of this call comes first in engine order: say so, not that this one raised
-        after = "backward() stopped at another error first; with that one fixed, it raises"
+    after = backward_outcome(error, _INPLACE_ERROR, "backward()", "backward() stopped")
     if kind == "saved-tensor-modified":
         if culprit is not None:
             what = "%s then changed it in place with %s" % (where(culprit[0]), describe_write(culprit[0]))
