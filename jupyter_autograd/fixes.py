@@ -113,8 +113,15 @@ def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[
                 % (REPLACE, code(rewritten), before.strip(), SAVED_COPY_REMEDY)).replace("\n\n", "\n")
     copied = copy_before_write(src)
     if copied:
-        return ("Write to a copy, so the saved tensor keeps its value. %s\n%s\n%s\n%s"
-                % (REPLACE, code(copied), before.strip(), SAVED_COPY_REMEDY)).replace("\n\n", "\n")
+        target = copied.partition(" = ")[0]
+        handed_back = ""
+        if op.location and target in _arguments_of(trace, op.location):
+            handed_back = (" `%s` is an argument of `%s()`: the copy replaces it only inside the function, so "
+                           "return it (`return %s`; a forward hook that returns a tensor replaces the module's "
+                           "output) and use what the function returns." % (target, op.location.function, target))
+        return ("Write to a copy, so the saved tensor keeps its value. %s\n%s\n%s\n%s\n%s"
+                % (REPLACE, code(copied), handed_back.strip(), before.strip(), SAVED_COPY_REMEDY)
+                ).replace("\n\n", "\n").replace("\n\n", "\n")
     short = op.name.split(".")[-1]
     if "step" in src or "optim" in op.name:
         return (NO_ONE_LINE_FIX + " the optimizer changed parameters that a graph still needs. Call backward() "
@@ -245,6 +252,29 @@ def _out_of_place_call(receiver: str, method: str, args, keywords) -> Optional[s
         return _NO_TWIN[method](receiver, [ast.unparse(a) for a in args])
     return "%s.%s(%s)" % (receiver, method[:-1], ", ".join(
         [ast.unparse(a) for a in args] + [ast.unparse(k) for k in keywords]))
+
+
+def _arguments_of(trace: Trace, location) -> frozenset:
+    """The parameter names of the function whose line this is, read off its `def` in the source
+    (the nearest one above, indented less than the line); empty when it cannot be read."""
+    lines = trace.sources.get(location.filename or "", [])
+    if not location.function or not 0 < location.line <= len(lines):
+        return frozenset()
+    indent = len(lines[location.line - 1]) - len(lines[location.line - 1].lstrip())
+    for number in range(location.line - 1, 0, -1):
+        text = lines[number - 1]
+        stripped = text.lstrip()
+        if not stripped.startswith(("def %s(" % location.function, "async def %s(" % location.function)):
+            continue
+        if len(text) - len(stripped) >= indent:
+            return frozenset()
+        try:
+            header = ast.parse(stripped.rstrip() + "\n    pass\n").body[0]
+        except SyntaxError:  # a signature over several lines
+            return frozenset()
+        args = header.args
+        return frozenset(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs)
+    return frozenset()
 
 
 def copy_before_write(src: str) -> Optional[str]:

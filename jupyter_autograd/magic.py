@@ -287,7 +287,16 @@ def _parse(line):
             raise UsageError("%%%%autograd -o takes a Python variable name, got %r" % name)
         if hasattr(builtins, name):
             raise UsageError("%%%%autograd -o %s would shadow the builtin %r; choose another name" % (name, name))
+        if _SHELL_NAME.fullmatch(name) or name in _SHELL_NAMES:
+            raise UsageError("%%%%autograd -o %s would replace a name IPython keeps for itself (its history, its "
+                             "output cache or the module's own); choose another name" % name)
     return args
+
+
+# IPython's own names in the user's namespace (In, Out, _oh, _i3, _7, ...) and the module's dunders:
+# a trace put there breaks the shell (the output cache or the next import).
+_SHELL_NAME = re.compile(r"_+|_i+|_i?\d+|_[iod]h|__\w+__")
+_SHELL_NAMES = frozenset(("In", "Out", "exit", "quit", "get_ipython"))
 
 
 def _flags(first_line):

@@ -45,6 +45,7 @@ class TensorInfo:
     first_requires_grad: bool = False    # requires_grad when first seen (made, or first used)
     owner: Optional[str] = None          # for a parameter: the outermost module called in the block that holds it
     optimized: bool = False              # a parameter of an optimizer that stepped in the block
+    stepped_with_grad: bool = False      # ... and that step found a gradient in its `.grad`
     nonfinite_after: Optional[int] = None  # the first backward call after which its gradient held NaN/Inf
 
     @property
@@ -194,6 +195,8 @@ class Trace:
         shape = "shape (%s)" % ", ".join(str(s) for s in info.shape) if info.shape else "a scalar"
         made = self.ops[info.created_by] if info.created_by is not None and info.created_by < len(self.ops) else None
         if made is None:
+            if info.is_leaf and info.first_requires_grad:  # made before the block, or as an nn.Parameter in it
+                return "a %s leaf tensor of %s that requires grad" % (info.dtype, shape)
             return "a %s tensor of %s from before the block" % (info.dtype, shape)
         where = " in %s" % made.module[-1] if made.module else ""
         line = " (line %d)" % made.location.line if made.location else ""

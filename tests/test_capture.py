@@ -333,3 +333,15 @@ def test_backward_arguments_are_bound_as_signature_bind_binds_them():
     assert _bind_backward(torch.Tensor.backward, (t,), dict(self=t)) == {}
     assert _bind_backward(torch.Tensor.backward, (t,), dict(bogus=1)) == {}
     assert _bind_backward(torch.Tensor.backward, (t, None, None, False, None, 1), {}) == {}
+
+
+def test_a_view_whose_base_is_first_seen_through_it_keeps_every_row_its_own():
+    # The base is registered while its view is: it must not take the row the view had reserved.
+    w = torch.randn(3, 4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="a view of a leaf Variable"):
+        with ja.capture(namespace={"w": w}) as trace:
+            w[0].mul_(2)
+    base, view = trace.tensors[0], trace.tensors[1]
+    assert (base.name, base.shape, base.is_leaf, base.base) == ("w", (3, 4), True, None)
+    assert (view.shape, view.is_leaf, view.base) == ((4,), False, 0)
+    assert [(d.kind, d.tensor) for d in trace.diagnoses] == [("leaf-inplace", "w")]

@@ -347,3 +347,45 @@ def test_a_parameter_fix_uses_code_not_its_dotted_name():
     assert fixes._expr("net.2.weight") == "net[2].weight"
     assert fixes._expr("encoder.layers.10.linear1.bias") == "encoder.layers[10].linear1.bias"
     assert "net[2].weight" in fixes.accumulation_fix("", "net.2.weight", False)
+
+
+def _fix_of_write_in(source):
+    """The fix of the one diagnosis of a program defined in a file of its own (its lines are read)."""
+    path = pathlib.Path(__import__("tempfile").mkdtemp()) / "program.py"
+    path.write_text(textwrap.dedent(source))
+    namespace = {"__name__": "program"}
+    with pytest.raises(RuntimeError):
+        with ja.capture() as trace:
+            exec(compile(path.read_text(), str(path), "exec"), namespace)
+    [diagnosis] = trace.diagnoses
+    return diagnosis.fix
+
+
+def test_a_copy_of_an_argument_is_said_to_be_returned():
+    fix = _fix_of_write_in("""
+        import torch
+        from torch import nn
+
+        def ablate(module, inputs, output):
+            output[:, :2] = 0
+
+        model = nn.Sequential(nn.Linear(5, 6), nn.Sigmoid(), nn.Linear(6, 1))
+        model[1].register_forward_hook(ablate)
+        model(torch.randn(3, 5)).sum().backward()
+    """)
+    assert "output = output.clone()" in fix
+    assert "`output` is an argument of `ablate()`" in fix and "`return output`" in fix
+
+
+def test_a_copy_of_a_local_needs_no_return():
+    fix = _fix_of_write_in("""
+        import torch
+
+        def forward(x, w):
+            hidden = torch.sigmoid(x @ w)
+            hidden[:, 0] = 0
+            return hidden
+
+        forward(torch.randn(2, 3), torch.randn(3, 4, requires_grad=True)).sum().backward()
+    """)
+    assert "hidden = hidden.clone()" in fix and "argument" not in fix and "return" not in fix

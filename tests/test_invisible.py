@@ -42,6 +42,8 @@ def _global_state():
         optimizer_pre_hooks=len(optim_module._global_optimizer_pre_hooks),
         optimizer_post_hooks=len(optim_module._global_optimizer_post_hooks),
         forward_hooks_always_called=len(nn_module._global_forward_hooks_always_called),
+        has_any_global_hook=nn_module._has_any_global_hook,
+        has_torch_function=torch.overrides.has_torch_function,
         recorder=getattr(recorder_module._state, "recorder", None),
         hook_users=recorder_module._hook_users[0],
         warning_filters=warnings.filters,
@@ -640,6 +642,147 @@ def test_a_capture_inside_a_module_forward_keeps_the_outer_module_names():
 def test_namespace_keys_must_be_names():
     with pytest.raises(TypeError, match="keys must be str"):
         ja.capture(namespace={1: 2})
+
+
+def test_namespace_says_which_element_is_not_a_dict():
+    with pytest.raises(TypeError, match="the list holds a 'int'"):
+        ja.capture(namespace=[{}, 3])
+
+
+def test_a_capture_records_one_block():
+    capture = ja.capture()
+    with capture as first:
+        torch.ones(2) * 2
+    with pytest.raises(RuntimeError, match="already recorded a block.*Make a new one"):
+        with capture:
+            torch.ones(2) * 3
+    assert [op.name for op in first.ops] == ["torch.ones", "Tensor.mul"]
+    assert _global_state()["recorder"] is None and _global_state()["mode_stack"] == 0
+
+
+# -- compilers, fast paths and odd tensors: code that checks what is on the stack ------------------
+
+def test_torch_jit_trace_of_a_model_works_as_plain():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))  # made before the block
+    x = torch.randn(3, 4)
+
+    def traced_model():
+        traced = torch.jit.trace(model, x)  # its sanity check runs the model twice and compares the graphs
+        return traced(x), model(x)
+
+    plain, captured = _assert_invisible(traced_model)
+    assert plain["error"] is None and _same(captured["result"][0], captured["result"][1])
+
+
+def _compiled_models():
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    whole = torch.compile(model, backend="eager")(x)  # torch warns here if global module hooks exist
+    # A hook Dynamo cannot trace breaks the graph, and fullgraph=True makes that an error.
+    calling = torch.compile(lambda t: model(t).relu(), backend="eager", fullgraph=True)(x)
+    return whole, calling
+
+
+def test_torch_compile_of_a_module_and_of_a_function_calling_one_works_as_plain():
+    plain, captured = _assert_invisible(_compiled_models)
+    assert plain["error"] is None and plain["warnings"] == []
+    assert captured["trace"].warnings == []
+
+
+def _eval_transformer():
+    layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, 2).eval()
+    attention = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(2, 5, 8)
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    with torch.no_grad():
+        # The fused fast path (a nested tensor for the padded batch) gives 0 at padded positions,
+        # the slow path that any function mode used to force gives other values there.
+        encoded = encoder(x, src_key_padding_mask=padding)
+        attended, _ = attention(x, x, x, need_weights=False)
+    return encoded, attended
+
+
+def test_eval_mode_attention_takes_the_same_fast_path_as_plain():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _eval_transformer()  # torch warns once per process about nested tensors: not in one run only
+    plain, captured = _assert_invisible(_eval_transformer)
+    assert plain["result"][0][1, 3:].abs().sum() == 0  # the fast path ran
+    trace = captured["trace"]
+    assert trace.warnings == []
+    assert {"torch._transformer_encoder_layer_fwd", "torch._native_multi_head_attention"} <= {op.name for op in trace.ops}
+
+
+def test_tensors_without_a_whole_shape_are_recorded():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the nested tensor prototype's warning
+        with ja.capture() as trace:
+            lazy = nn.LazyLinear(3)  # its parameters have no shape before the first call
+            y = lazy(torch.randn(2, 5))
+            y.sum().backward()
+            nested = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)])
+            doubled = nested * 2
+    assert trace.warnings == [] and trace.diagnoses == []
+    assert trace.tensors[trace.ops[-1].outputs[0]].shape == (2, "ragged", 3)
+    assert lazy.weight.grad is not None and doubled.is_nested
+
+
+class _LoggingMode(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class _Wrapped(torch.Tensor):
+    """A wrapper subclass: its __torch_dispatch__ sees every op run on it."""
+    calls = []
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, requires_grad=elem.requires_grad)
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        _Wrapped.calls.append(str(func))
+        unwrap = lambda t: t.elem if isinstance(t, _Wrapped) else t  # noqa: E731
+        wrap = lambda t: _Wrapped(t) if isinstance(t, torch.Tensor) else t  # noqa: E731
+        out = func(*torch.utils._pytree.tree_map(unwrap, args), **torch.utils._pytree.tree_map(unwrap, kwargs or {}))
+        return torch.utils._pytree.tree_map(wrap, out)
+
+
+def _dispatch_seen():
+    model = nn.Linear(3, 1)
+    with _LoggingMode() as mode:  # a FlopCounterMode or a debugging mode around backward
+        model(torch.ones(2, 3)).sum().backward()
+    _Wrapped.calls = []
+    w = _Wrapped(torch.ones(3)).requires_grad_()
+    (w * 3).sum().backward()
+    return mode.calls, list(_Wrapped.calls)
+
+
+@pytest.mark.parametrize("check_nan", [False, True])
+def test_reads_of_gradients_are_hidden_from_dispatch_modes_and_subclasses(check_nan):
+    plain = _dispatch_seen()
+    with ja.capture(check_nan=check_nan) as trace:
+        captured = _dispatch_seen()
+    assert captured[1] == plain[1]
+    if check_nan:
+        # The watch holds small gradients until it reads them, so AccumulateGrad copies one where
+        # it would have taken it over: the engine's ops differ, none of ours shows.
+        engine = {"aten.new_empty_strided.default", "aten.copy_.default", "aten.detach.default"}
+        assert [c for c in captured[0] if c not in engine] == [c for c in plain[0] if c not in engine]
+    else:
+        assert captured[0] == plain[0]
+    assert trace.warnings == []
 
 
 # -- long loops (item 8) ---------------------------------------------------------------------------

@@ -263,6 +263,12 @@ def test_a_module_filter_on_main_silences_the_same_warnings(shell):
     ("print", "would shadow the builtin 'print'"),
     ("len", "would shadow the builtin 'len'"),
     ("3x", "takes a Python variable name"),
+    ("__builtins__", "a name IPython keeps for itself"),
+    ("_oh", "a name IPython keeps for itself"),
+    ("Out", "a name IPython keeps for itself"),
+    ("_", "a name IPython keeps for itself"),
+    ("_i3", "a name IPython keeps for itself"),
+    ("_12", "a name IPython keeps for itself"),
 ])
 def test_output_name_is_refused_with_the_reason(shell, name, says):
     run = Run(shell, "%%%%autograd -o %s\nran = True\n" % name, "")

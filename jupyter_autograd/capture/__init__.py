@@ -53,16 +53,21 @@ class capture:
         self._note_exceptions = True  # %%autograd shows the diagnosis in its widget instead
         if isinstance(namespace, dict):
             namespace = [namespace]
-        if namespace is not None and not (isinstance(namespace, (list, tuple))
-                                          and all(isinstance(ns, dict) for ns in namespace)):
+        if namespace is not None and not isinstance(namespace, (list, tuple)):
             raise TypeError("capture(namespace=...) takes a dict or a list of dicts of variable names, "
                             "for example capture(namespace=globals()); got %r" % (type(namespace).__name__,))
+        for ns in namespace or ():
+            if not isinstance(ns, dict):
+                raise TypeError("capture(namespace=...) takes a dict or a list of dicts of variable names, "
+                                "for example capture(namespace=[locals(), globals()]); the list holds a %r"
+                                % (type(ns).__name__,))
         for ns in namespace or ():
             key = next((k for k in ns if not isinstance(k, str)), None)
             if key is not None:
                 raise TypeError("capture(namespace=...) maps variable names to values, so its keys must be "
                                 "str; got the key %r" % (key,))
         self._namespace = None if namespace is None else list(namespace)
+        self._entered = False      # a capture records one block (its trace is filled once)
         self._recorder = None
         self._outer = None
         self._start = 0            # for a nested capture: the outer recorder's op count at entry
@@ -75,6 +80,10 @@ class capture:
 
     def __enter__(self) -> Trace:
         __tracebackhide__ = True  # noqa: F841
+        if self._entered:
+            raise RuntimeError("this capture() has already recorded a block: it fills one trace, once. Make a new "
+                               "one for each block: `with jupyter_autograd.capture() as trace: ...`")
+        self._entered = True
         if self._namespace is None:
             frame = sys._getframe(1)
             self._namespace = [frame_names(frame), frame.f_globals]

@@ -7,7 +7,7 @@ import gc
 import io
 import linecache
 import tokenize
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -137,8 +137,12 @@ def _name_outermost_modules(recorder, module_names, trees):
         site = call_sites.get(id(module))
         if site is None:
             continue
-        filename, line = site
-        callee = _single_callee(linecache.getline(filename, line).strip())
+        filename, line, columns = site
+        text = linecache.getline(filename, line)
+        if columns is not None:  # the call itself, out of its line
+            first, end = columns
+            text = text.encode("utf-8")[first:end].decode("utf-8", "replace")
+        callee = _single_callee(text.strip())
         if callee:
             module_names[id(module)] = callee
             for module_id, dotted in _module_tree(module, callee, trees).modules:
@@ -164,7 +168,8 @@ def _single_callee(text: str) -> Optional[str]:
                 func = func.value
             if isinstance(func, ast.Name) and func.id not in _NOT_MODULES:
                 callees.append(".".join([func.id] + parts[::-1]))
-    candidates = [c for c in callees if not c.rpartition(".")[2].endswith("_")]
+    # `[model(a).sum(), model(b).sum()]` calls one thing twice: it is still one candidate.
+    candidates = list(dict.fromkeys(c for c in callees if not c.rpartition(".")[2].endswith("_")))
     return candidates[0] if len(candidates) == 1 else None
 
 
@@ -274,7 +279,8 @@ def _tensors(recorder, trace, live, names_found):
                           device=device_name, requires_grad=bool(requires_grad), is_leaf=bool(is_leaf),
                           created_by=created_by, base=base, data_alias_of=alias_of,
                           first_requires_grad=bool(requires_grad), owner=recorder.param_owner.get(t_id),
-                          optimized=t_id in recorder.optimized, nonfinite_after=recorder.nonfinite.get(t_id))
+                          optimized=t_id in recorder.optimized,
+                          stepped_with_grad=t_id in recorder.stepped_with_grad, nonfinite_after=recorder.nonfinite.get(t_id))
         if t_id in live:
             info.alive = True
             info.requires_grad, info.is_leaf, info.grad_fn, info.node, ref, info.version = live[t_id]
@@ -556,12 +562,22 @@ def _assignment_targets(trace) -> Dict[int, str]:
     names: Dict[int, str] = {}
     parsed: Dict[str, tuple] = {}
     ops = trace.ops
+    # The next op of the same function: a line that calls user code (a module's forward written
+    # by the user, a forward hook) runs that code's lines in the middle of its own ops, so the
+    # line's last op is the last before the function moves to another line, not before any other line.
+    later_in_function: Dict[Tuple[str, str], Location] = {}
+    next_in_function: List[Optional[Location]] = [None] * len(ops)
+    for i in range(len(ops) - 1, -1, -1):
+        where = ops[i].location
+        if where is not None:
+            key = (where.filename, where.function)
+            next_in_function[i] = later_in_function.get(key)
+            later_in_function[key] = where
     for i, op in enumerate(ops):
         if op.location is None:
             continue
-        nxt = ops[i + 1] if i + 1 < len(ops) else None
         prev = ops[i - 1] if i > 0 else None
-        if nxt is not None and nxt.location == op.location:
+        if next_in_function[i] == op.location:
             continue
         text = op.location.source
         if text not in parsed:
@@ -618,7 +634,7 @@ def _operands_of(node):
         owner = node.func.value
         if isinstance(owner, ast.Name) and owner.id in ("torch", "F", "nn", "np"):
             return node.func.attr, _operands(list(node.args))
-        if isinstance(owner, ast.Name):  # a method call: the receiver is the first input
+        if isinstance(owner, ast.Name) or _dotted(owner):  # a method call: the receiver is the first input
             return node.func.attr, _operands([owner] + list(node.args))
     return None, None
 
@@ -633,14 +649,27 @@ def _same_op(callee, op_name: str) -> bool:
         callee.startswith("__i") and short == callee[3:-2] + "_")
 
 
+def _dotted(node) -> Optional[str]:
+    """`m.weight` (attributes of a name), else None: what a method's receiver is, exactly."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not parts or not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id] + parts[::-1])
+
+
 def _operands(nodes):
     """Names of the tensor-like operands; None when one is an expression we cannot place."""
     out = []
     for n in nodes:
         if isinstance(n, ast.Name):
             out.append(n.id)
-        elif isinstance(n, ast.Constant):
-            continue  # a Python number: not among the op's tensor inputs
+        elif _dotted(n):  # `self.w`, `m.weight`: the attribute's value is the operand
+            out.append(_dotted(n))
+        elif isinstance(n, ast.Constant) or (isinstance(n, ast.UnaryOp) and isinstance(n.operand, ast.Constant)):
+            continue  # a Python number (-0.1 too): not among the op's tensor inputs
         else:
             return None
     return out

@@ -19,6 +19,24 @@ _no_subclass_dispatch = torch._C.DisableTorchFunctionSubclass
 _Tensor = torch.Tensor
 _STRIDED = torch.strided
 _SUMMED = frozenset((torch.float32, torch.float64))  # summed and read in the hook (CPU only)
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_NO_DISPATCH = torch._C._disabled_torch_dispatch_impl  # Tensor's own __torch_dispatch__: none
+
+
+def _unseen(read):
+    """Run read() hidden from the user's TorchDispatchModes (FlopCounterMode, a logging mode): our
+    reads of gradients are no ops of theirs. Their modes are taken off the stack and put back."""
+    if not _dispatch_modes():
+        return read()
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes():
+        return read()
+
+
+def _dispatches(g) -> bool:
+    """A tensor subclass with its own __torch_dispatch__ (a wrapper, DTensor, ...) sees every op run
+    on it, ours too: its gradients are not read."""
+    return getattr(type(g), "__torch_dispatch__", _NO_DISPATCH) is not _NO_DISPATCH
 
 
 def nonfinite_flags(grads):
@@ -26,9 +44,12 @@ def nonfinite_flags(grads):
     float32/float64 gradient is judged now, where reading costs no sync: its sum (the cheapest
     pass over its memory), and only a sum that is not finite is looked at element by element (it
     may have overflowed). On another device the flag stays a device tensor (_nonfinite)."""
-    with _no_subclass_dispatch():
-        return [(tid, _cpu_nonfinite(g) if type(g) is _Tensor and g.is_cpu and g.dtype in _SUMMED
-                 and g.layout is _STRIDED else _nonfinite(g)) for tid, g in grads]
+    def read():
+        with _no_subclass_dispatch():
+            return [(tid, _cpu_nonfinite(g) if type(g) is _Tensor and g.is_cpu and g.dtype in _SUMMED
+                     and g.layout is _STRIDED else _nonfinite(g)) for tid, g in grads
+                    if type(g) is _Tensor or not _dispatches(g)]
+    return _unseen(read)
 
 
 def _cpu_nonfinite(g):
@@ -62,8 +83,10 @@ def _total(g):
 
 def read_flags(flags):
     """The tids whose flag is set (one device sync per flag, at the end of the block only)."""
-    with _no_subclass_dispatch():
-        return [tid for tid, flag in flags if bool(flag)]
+    def read():
+        with _no_subclass_dispatch():
+            return [tid for tid, flag in flags if bool(flag)]
+    return _unseen(read)
 
 
 def _all_finite(tensors) -> bool:
@@ -117,18 +140,23 @@ class NanWatch:
         pending, deferred = self.pending, self.deferred
         self.pending, self.pending_numel, self.deferred = [], 0, []
         try:
-            if pending and self.recorder.nan_origin is None:
-                self.pending = pending
-                self._flush()
-            if deferred and self.recorder.nan_origin is None:
-                with _no_subclass_dispatch():
-                    self._read_deferred(deferred)
+            _unseen(lambda: self._read_left(pending, deferred))
         except Exception as exc:  # the user's backward has returned: its result matters more
             self.recorder._fail(exc)
+
+    def _read_left(self, pending, deferred):
+        if pending and self.recorder.nan_origin is None:
+            self.pending = pending
+            self._flush()
+        if deferred and self.recorder.nan_origin is None:
+            with _no_subclass_dispatch():
+                self._read_deferred(deferred)
 
     def _hook_for(self, fn):
         def hook(grad_inputs, grad_outputs):
             try:
+                if _dispatch_modes():
+                    return _unseen(lambda: check(grad_inputs))
                 return check(grad_inputs)
             except Exception as exc:  # never let the tool break the user's backward
                 self.recorder._fail(exc)
@@ -159,7 +187,7 @@ class NanWatch:
             if self.pending and self._flush():
                 return None
             for g in grad_inputs:
-                if g is None:
+                if g is None or (type(g) is not _Tensor and _dispatches(g)):
                     continue
                 if type(g) is _Tensor and g.is_cpu and g.dtype in _SUMMED and g.layout is _STRIDED:
                     if math.isfinite(g.detach().sum() if g.requires_grad else g.sum()):

@@ -13,6 +13,7 @@ rather than failed; and old ops that cannot matter any more are folded (see `_fo
 from __future__ import annotations
 
 import bisect
+import itertools
 import operator
 import os
 import site
@@ -49,6 +50,7 @@ _BACKWARD_FUNCS = {torch.Tensor.backward, torch.autograd.backward, torch.autogra
 # Ops whose records folding never drops (`.data`, backward calls): the first function ids.
 _KEPT_FUNCS = (_DATA_GETTER, torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
 _is_compiling = torch.compiler.is_compiling
+_tracing_state = torch._C._get_tracing_state  # not None while torch.jit.trace runs
 _next_seq = torch._C._autograd._get_sequence_nr  # the sequence number the next grad_fn node gets
 _grad_enabled = torch.is_grad_enabled
 _hidden_from_subclasses = torch._C.DisableTorchFunctionSubclass
@@ -86,6 +88,8 @@ def _recording_apply(cls, *args, **kwargs):
     """Custom autograd.Function.apply is no torch function: record it as one op of the caller."""
     __tracebackhide__ = True  # noqa: F841
     bound = _original_apply.__get__(None, cls)
+    if _is_compiling():  # Dynamo traces this wrapper: leave it nothing of ours to trace
+        return bound(*args, **kwargs)
     recorder = getattr(_state, "recorder", None)
     if recorder is not None and recorder.step_popped:
         _resume(recorder)
@@ -95,6 +99,10 @@ def _recording_apply(cls, *args, **kwargs):
 
 
 def _enter_module(module, args):
+    # Dynamo traces global module hooks: a hook that reads frames or keeps the module breaks its
+    # graph (and fullgraph=True raises). is_compiling() is a constant to Dynamo, so this returns.
+    if _is_compiling():
+        return None
     recorder = getattr(_state, "recorder", None)
     if recorder is not None and recorder.step_popped:
         _resume(recorder)
@@ -105,9 +113,22 @@ def _enter_module(module, args):
             while frame is not None and _frame_kind(frame.f_code.co_filename):
                 frame = frame.f_back
             if frame is not None:
-                recorder.module_call_sites[id(module)] = (frame.f_code.co_filename, frame.f_lineno)
+                recorder.module_call_sites[id(module)] = (frame.f_code.co_filename, frame.f_lineno,
+                                                          _call_columns(frame))
         recorder.module_path = recorder.module_path + (module,)
         recorder.modules[id(module)] = module
+
+
+def _call_columns(frame):
+    """(first, end) UTF-8 columns of the call a frame is making, where Python knows them (3.11+)
+    and it fits on its line: `losses.append(model(x).sum())` calls the model at `model(x)`."""
+    try:
+        line, end_line, first, end = next(itertools.islice(frame.f_code.co_positions(), frame.f_lasti // 2, None))
+    except (AttributeError, StopIteration, ValueError, TypeError):
+        return None
+    if line != frame.f_lineno or end_line != line or first is None or end is None:
+        return None
+    return (first, end)
 
 
 _record_function = torch.autograd.profiler.record_function
@@ -141,6 +162,8 @@ def _resume(recorder):
 
 
 def _leave_module(module, args, output):
+    if _is_compiling():  # see _enter_module
+        return None
     recorder = getattr(_state, "recorder", None)
     if recorder is not None and recorder.module_path and recorder.module_path[-1] is module:
         recorder.module_path = recorder.module_path[:-1]
@@ -149,6 +172,8 @@ def _leave_module(module, args, output):
 def _before_optimizer_step(optimizer, args, kwargs):
     """Note the parameters an optimizer updates (the missing-grad rule asks which ones got none),
     and record the step as one op (see Recorder.begin_step)."""
+    if _is_compiling():  # a compiled step (see _enter_module)
+        return None
     recorder = getattr(_state, "recorder", None)
     if recorder is None or (recorder.off is not None and recorder.off is not _STEPPING):
         return None
@@ -157,7 +182,10 @@ def _before_optimizer_step(optimizer, args, kwargs):
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     if isinstance(p, _Tensor):
-                        recorder.optimized.add(recorder._tid(p))
+                        t_id = recorder._tid(p)
+                        recorder.optimized.add(t_id)
+                        if p.grad is not None:  # it got one, whatever ran the backward (see stepped_with_grad)
+                            recorder.stepped_with_grad.add(t_id)
         recorder.begin_step(optimizer, args, kwargs)
     except Exception as exc:  # never let the tool break the user's step
         recorder._fail(exc)
@@ -165,6 +193,8 @@ def _before_optimizer_step(optimizer, args, kwargs):
 
 
 def _after_optimizer_step(optimizer, args, kwargs):
+    if _is_compiling():
+        return None
     recorder = getattr(_state, "recorder", None)
     if recorder is not None and recorder.off is _STEPPING and recorder.step[5] is optimizer:
         try:
@@ -197,6 +227,36 @@ def _hook_table():
 
 
 _HOOK_KEYS = []
+_original_has_any_global_hook = _nn_module._has_any_global_hook
+_overrides = torch.overrides
+_original_has_torch_function = _overrides.has_torch_function
+
+
+def _has_torch_function_but_ours(relevant_args):
+    """torch.overrides.has_torch_function as if our mode were not on the stack. nn.MultiheadAttention
+    and nn.Transformer* take their fused fast path (eval, no grad) only when it says False, and
+    any mode on the stack makes it say True: their slow path gives other values (padded positions,
+    rounding). With another mode on the stack, that mode still counts."""
+    if _stack_length() == 1 and isinstance(_stack_at(0), Recorder):
+        mode = _pop_stack()
+        try:
+            return _original_has_torch_function(relevant_args)
+        finally:
+            _push_stack(mode)
+    return _original_has_torch_function(relevant_args)
+
+
+def _has_any_global_hook_but_ours():
+    """torch.compile(module) warns at every call when global module hooks exist (they would fire
+    once more for its wrapper). Ours fire for it harmlessly: only the user's own hooks count."""
+    ours = _HOOK_KEYS
+    for table in (_nn_module._global_backward_pre_hooks, _nn_module._global_backward_hooks,
+                  _nn_module._global_forward_pre_hooks, _nn_module._global_forward_hooks,
+                  _nn_module._global_forward_hooks_always_called, _nn_module._global_forward_hooks_with_kwargs):
+        for key in table:
+            if key not in ours:
+                return True
+    return False
 
 
 def install_hooks():
@@ -210,6 +270,8 @@ def install_hooks():
         try:
             _Function.apply = classmethod(_recording_apply)
             _record_function.__exit__ = _leaving_profiler_scope
+            _nn_module._has_any_global_hook = _has_any_global_hook_but_ours
+            _overrides.has_torch_function = _has_torch_function_but_ours
             for (hooks, hook, always_called), key in zip(_hook_table(), _HOOK_KEYS):
                 _installed_hooks.append((hooks, key, always_called))
                 hooks[key] = hook
@@ -237,6 +299,11 @@ def _remove_all_hooks():
         failure = exc
     try:
         _record_function.__exit__ = _original_scope_exit
+    except BaseException as exc:
+        failure = failure or exc
+    try:
+        _nn_module._has_any_global_hook = _original_has_any_global_hook
+        _overrides.has_torch_function = _original_has_torch_function
     except BaseException as exc:
         failure = failure or exc
     while _installed_hooks:
@@ -388,9 +455,12 @@ class Recorder(TorchFunctionMode):
         self.off = None                # non-None while recording is paused or after a failure
         self.module_path = ()          # the nn.Modules whose forward is running, outermost first
         self.modules = {}              # id(module) -> module, for naming at the end of the block
-        self.module_call_sites = {}    # id(outermost module) -> (filename, line) of the user's call
+        self.module_call_sites = {}    # id(outermost module) -> (filename, line, columns or None) of the user's call
         self.op_modules = {}           # op index -> module path, for ops run inside a forward
         self.optimized = set()         # tids of the parameters of every optimizer stepped in the block
+        # ... and of those it stepped with a gradient: one may have come from a backward we never
+        # see (reentrant checkpointing runs its own inside the engine), for a model dead by the end.
+        self.stepped_with_grad = set()
         self.too_deep = 0              # calls not recorded: they ran too close to the recursion limit
         self.folded = 0                # ops whose details were dropped (see _fold)
         self.folded_upto = _FOLD_EVERY  # ops before this index have been looked at by _fold
@@ -434,7 +504,7 @@ class Recorder(TorchFunctionMode):
             _real_filters, _real_show = w.filters, w._showwarnmsg
         # A property read is not an op; inside an optimizer step, the step is the op (end_step).
         passthrough = (type(func) is _GETTER_TYPE and func != _DATA_GETTER) or self.off is _STEPPING
-        if passthrough or func in _NOT_RECORDED or _is_compiling():
+        if passthrough or func in _NOT_RECORDED or _is_compiling() or _tracing_state() is not None:
             if relocate:
                 w.filters, w._showwarnmsg = _SHOW_ALL, _show_at_user_line
             try:
@@ -691,9 +761,11 @@ class Recorder(TorchFunctionMode):
         return self._register(t, None, None)
 
     def _register(self, t, created_by, alias_of):
+        base = t._base
+        # The base first: registering it takes the next row, which must not be this tensor's.
+        base_tid = None if base is None else self._tid(base)
         refs = self.refs
         t_id = len(refs)
-        base = t._base
         # No t.grad_fn here: a Python wrapper on every node makes PyTorch 2.13 free deep graphs
         # recursively (a segfault past ~40,000 nodes). Names of nodes are read once, at the end.
         # An inference tensor is recorded but never looked up again: it has no version counter
@@ -702,8 +774,12 @@ class Recorder(TorchFunctionMode):
         refs.append(ref)
         # The shape as a plain tuple (as _fold keeps it): a torch.Size stays tracked by the cyclic GC,
         # a tuple of ints does not, and in a long loop every tracked row makes each full collection longer.
-        self.tensor_meta.append((tuple(t.shape), t.dtype, t.device, t.requires_grad, t.is_leaf, created_by,
-                                 None if base is None else self._tid(base), alias_of))
+        try:
+            shape = tuple(t.shape)
+        except Exception:
+            shape = _shape_in_parts(t)
+        self.tensor_meta.append((shape, t.dtype, t.device, t.requires_grad, t.is_leaf, created_by, base_tid,
+                                 alias_of))
         self.tid_of[id(t)] = t_id
         return t_id
 
@@ -897,6 +973,7 @@ class Recorder(TorchFunctionMode):
         part.names = dict(self.names)
         part.op_modules = {i - start: path for i, path in self.op_modules.items() if i >= start}
         part.optimized = set(self.optimized)
+        part.stepped_with_grad = set(self.stepped_with_grad)
         part.freeing_backwards = {i - start for i in self.freeing_backwards if i >= start}
         part.too_deep = part.folded = part.folded_backwards = 0
         # The nested block's own backward calls: their gradient flags, in its numbering (a shared
@@ -1169,6 +1246,22 @@ def _current_versions(tensors):
         if isinstance(exc, RecursionError):
             raise
         return _versions(tensors)
+
+
+def _shape_in_parts(t) -> tuple:
+    """The shape of a tensor that has none as a whole: a strided nested tensor (a dimension whose
+    size differs between its components is "ragged"), or a lazy module's parameter before its
+    first call ("uninitialized")."""
+    try:
+        sizes = []
+        for dim in range(t.dim()):
+            try:
+                sizes.append(t.size(dim))
+            except RuntimeError:
+                sizes.append("ragged")
+        return tuple(sizes)
+    except Exception:
+        return ("uninitialized",)
 
 
 def _versions(tensors):

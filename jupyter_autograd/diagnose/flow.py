@@ -399,7 +399,7 @@ def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis
     # A gradient that arrived by a backward we did not see (reentrant checkpointing runs its own
     # inside the engine) still counts.
     got = {-1 - k for k, n in trace.nodes.items() if k < 0 and n.consumed_by}
-    got |= {t.tid for t in trace.tensors.values() if t.is_leaf and t.grad is not None}
+    got |= {t.tid for t in trace.tensors.values() if t.is_leaf and (t.grad is not None or t.stepped_with_grad)}
     trained_owners = {trace.tensors[t].owner for t in got if t in trace.tensors and trace.tensors[t].owner}
     out, unused, frozen = [], [], []
     checkpoints = _backward_checkpoints(trace)

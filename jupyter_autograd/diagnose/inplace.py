@@ -51,7 +51,7 @@ def _leaf_input(trace: Trace, op: OpRecord) -> Optional[int]:
             return t_id
         base = trace.tensors.get(info.base) if info.base is not None else None
         if base is not None and base.is_leaf and base.requires_grad:
-            return t_id
+            return info.base  # the leaf whose view is written: the one the user must leave alone
     return op.inputs[0] if op.inputs else None
 
 
