@@ -115,10 +115,20 @@ def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[
     if copied:
         target = copied.partition(" = ")[0]
         handed_back = ""
-        if op.location and target in _arguments_of(trace, op.location):
-            handed_back = (" `%s` is an argument of `%s()`: the copy replaces it only inside the function, so "
-                           "return it (`return %s`; a forward hook that returns a tensor replaces the module's "
-                           "output) and use what the function returns." % (target, op.location.function, target))
+        if op.location and target in _arguments_of(trace, op.location) and \
+                not _returns_later(trace, op.location, target):
+            # Rebinding an argument changes nothing outside: the copy has to be handed back.
+            function = op.location.function
+            if not _ends_its_function(trace, op.location):
+                return ("%s `%s` is an argument of `%s()`: a copy made there (`%s = %s.clone()` before this line) "
+                        "replaces it only inside the function. Return the copy and use what `%s()` returns (a "
+                        "forward hook that returns a tensor replaces the module's output).%s\n%s"
+                        % (NO_ONE_LINE_FIX, target, function, target, target, function, before,
+                           SAVED_COPY_REMEDY))
+            copied += "\nreturn %s" % target
+            handed_back = ("`%s` is an argument of `%s()`: the copy is returned, so that it replaces the argument "
+                           "outside the function too (a forward hook that returns a tensor replaces the module's "
+                           "output); use what `%s()` returns." % (target, function, function))
         return ("Write to a copy, so the saved tensor keeps its value. %s\n%s\n%s\n%s\n%s"
                 % (REPLACE, code(copied), handed_back.strip(), before.strip(), SAVED_COPY_REMEDY)
                 ).replace("\n\n", "\n").replace("\n\n", "\n")
@@ -275,6 +285,50 @@ def _arguments_of(trace: Trace, location) -> frozenset:
         args = header.args
         return frozenset(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs)
     return frozenset()
+
+
+def _ends_its_function(trace: Trace, location) -> bool:
+    """Whether the line is the last statement of its function's body, at the body's own level (a
+    `return` after it then changes nothing else the function does)."""
+    lines = trace.sources.get(location.filename or "", [])
+    if not 0 < location.line <= len(lines):
+        return False
+    text = lines[location.line - 1]
+    indent = len(text) - len(text.lstrip())
+    previous = lines[location.line - 2].strip() if location.line > 1 else ""
+    if not (previous.startswith(("def ", "async def ")) or _indent_of_code_above(lines, location.line) == indent):
+        return False  # nested in a loop or a condition
+    for following in lines[location.line:]:
+        code_text = following.split("#", 1)[0]
+        if code_text.strip():
+            return len(following) - len(following.lstrip()) < indent
+    return True
+
+
+def _returns_later(trace: Trace, location, name: str) -> bool:
+    """Whether the function goes on to `return name` (then the copy is what it returns)."""
+    lines = trace.sources.get(location.filename or "", [])
+    if not 0 < location.line <= len(lines):
+        return False
+    text = lines[location.line - 1]
+    indent = len(text) - len(text.lstrip())
+    for following in lines[location.line:]:
+        code_text = following.split("#", 1)[0].strip()
+        if not code_text:
+            continue
+        if len(following) - len(following.lstrip()) < indent and not code_text.startswith(("return", "else", "elif")):
+            return False
+        if code_text == "return %s" % name:
+            return True
+    return False
+
+
+def _indent_of_code_above(lines, line: int) -> int:
+    for number in range(line - 1, 0, -1):
+        text = lines[number - 1]
+        if text.split("#", 1)[0].strip():
+            return len(text) - len(text.lstrip()) if not text.strip().endswith(":") else -1
+    return -1
 
 
 def copy_before_write(src: str) -> Optional[str]:

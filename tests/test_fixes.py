@@ -128,9 +128,11 @@ def check_method(name, where):
 
 
 def check_code(block, user_names, where):
+    # A replacement for a line of a function may end it (`return output`): compile it as one.
+    source = block if not re.search(r"^return\b", block, re.M) else "def _replaced():\n" + textwrap.indent(block, "    ")
     try:
-        tree = ast.parse(block)
-        compile(block, "<fix>", "exec")
+        tree = ast.parse(source)
+        compile(source, "<fix>", "exec")
     except SyntaxError as e:
         raise AssertionError("%s: the fix's code does not compile (%s):\n%s" % (where, e, block))
     assigned = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
@@ -279,6 +281,7 @@ NO_ONE_LINE_FIX_EXPECTED = {
     "16_inplace_relu_after_sigmoid.py",   # the in-place ReLU is inside the model: fix where it is built
     "gan_step_between_backwards.py",      # the optimizer step must move, or the forward be run again
     "retained_history_in_recurrent_loop.py",  # a detach at the loop's start, and retain_graph dropped
+    "losses_kept_in_a_list_then_stepped.py",  # every backward before the step, or a forward per step
 }
 
 
@@ -373,8 +376,24 @@ def test_a_copy_of_an_argument_is_said_to_be_returned():
         model[1].register_forward_hook(ablate)
         model(torch.randn(3, 5)).sum().backward()
     """)
-    assert "output = output.clone()" in fix
-    assert "`output` is an argument of `ablate()`" in fix and "`return output`" in fix
+    assert "    output = output.clone()\n    output[:, :2] = 0\n    return output\n" in fix  # the replacement
+    assert "`output` is an argument of `ablate()`" in fix
+
+
+def test_a_copy_of_an_argument_before_more_lines_is_no_one_line_fix():
+    fix = _fix_of_write_in("""
+        import torch
+        from torch import nn
+
+        def ablate(module, inputs, output):
+            output[:, :2] = 0
+            print("ablated")
+
+        model = nn.Sequential(nn.Linear(5, 6), nn.Sigmoid(), nn.Linear(6, 1))
+        model[1].register_forward_hook(ablate)
+        model(torch.randn(3, 5)).sum().backward()
+    """)
+    assert fixes.NO_ONE_LINE_FIX in fix and "Return the copy" in fix and "`output` is an argument of `ablate()`" in fix
 
 
 def test_a_copy_of_a_local_needs_no_return():

@@ -248,3 +248,80 @@ def test_the_other_order_an_optimizer_step_before_a_carried_graph():
     assert "backward() raised" in by_kind["saved-tensor-modified"].message
     assert ("PyTorch stopped this backward at another error first; with that one fixed, it raises"
             in by_kind["graph-freed"].message)
+
+
+# -- graph-freed: what the fix says depends on how the graph came to be run twice -------------------
+
+class _TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(4, 8), nn.Tanh())
+        self.cls, self.reg = nn.Linear(8, 3), nn.Linear(8, 1)
+
+    def forward(self, x):
+        feats = self.trunk(x)
+        return self.cls(feats), self.reg(feats)
+
+
+def _freed(run):
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        with ja.capture() as trace:
+            run()
+    [diagnosis] = [d for d in trace.diagnoses if d.kind == "graph-freed"]
+    return trace, diagnosis
+
+
+def test_losses_sharing_a_trunk_are_summed_not_detached():
+    def step(model, x):
+        logits, value = model(x)
+        losses = [logits.logsumexp(1).mean(), value.pow(2).mean()]
+        for loss in losses:
+            loss.backward()  # the second runs the freed trunk again
+
+    trace, d = _freed(lambda: step(_TwoHeads(), torch.randn(5, 4)))
+    assert trace.ops[[op.index for op in trace.ops if op.is_backward][1]].location.line == d.line
+    assert "sum(losses).backward()" in d.fix and "retain_graph=True" in d.fix
+    assert "Detaching would cut" in d.fix and ".detach()\n" not in d.fix
+    assert "earlier iteration" not in d.message
+
+
+def test_a_tensor_computed_once_before_the_loop_is_computed_again():
+    def fit(weight, batches):
+        protos = nn.functional.normalize(weight, dim=1)
+        for x in batches:
+            loss = (x @ protos.t()).logsumexp(1).mean()
+            loss.backward()
+
+    trace, d = _freed(lambda: fit(nn.Parameter(torch.randn(3, 5)), [torch.randn(4, 5) for _ in range(2)]))
+    assert d.tensor == "protos" and "compute `protos` again after the backward" in d.fix
+    assert "protos = protos.detach()" not in d.fix and "Detaching it here would stop its gradient" in d.fix
+
+
+def test_a_generated_batch_shared_by_two_losses_is_detached_where_the_first_used_it():
+    def gan_step(G, D, opt_d):
+        fake = G(torch.randn(8, 4))
+        d_loss = D(fake).mean()  # should be D(fake.detach())
+        opt_d.zero_grad()
+        d_loss.backward()
+        opt_d.step()
+        g_loss = -D(fake).mean()
+        g_loss.backward()
+
+    G, D = nn.Sequential(nn.Linear(4, 6), nn.Tanh()), nn.Linear(6, 1)
+    trace, d = _freed(lambda: gan_step(G, D, torch.optim.SGD(D.parameters(), lr=0.1)))
+    assert d.tensor == "fake" and "a discriminator's loss" in d.fix and "fake = fake.detach()" not in d.fix
+    assert "earlier iteration" not in d.message
+
+
+def test_an_unused_input_of_autograd_grad_quotes_pytorch_whole():
+    def penalty(model, x, unused):
+        out = model(x).sum()
+        return torch.autograd.grad(out, [x, unused])
+
+    x = torch.randn(2, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="appears to not have been used"):
+        with ja.capture() as trace:
+            penalty(nn.Linear(3, 1), x, torch.randn(2, requires_grad=True))
+    [d] = [d for d in trace.diagnoses if d.kind == "missing-grad"]
+    assert "differentiated Tensor at index 1 appears to not have been used" in d.message
+    assert " ifferentiated" not in d.message and '"ifferentiated' not in d.message

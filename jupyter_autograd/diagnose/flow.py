@@ -17,7 +17,7 @@ from .paths import ancestors, descendants, engine_order, exit_before, first_use,
 
 _NO_GRAD_FN = "does not require grad and does not have a grad_fn"
 _GRAPH_FREED_ERROR = "backward through the graph a second time"
-_UNUSED_INPUT = re.compile(r"ifferentiated Tensors? (?:at index (\d+) )?appears? to not have been used in the graph")
+_UNUSED_INPUT = re.compile(r"[Dd]ifferentiated Tensors? (?:at index (\d+) )?appears? to not have been used in the graph")
 _MOVES = {"to", "cuda", "cpu", "double", "float", "half", "bfloat16", "type", "long", "int", "mps", "xpu"}
 _COPIES = _MOVES | {"clone", "contiguous"}  # ops whose result the user takes for the tensor itself
 
@@ -80,10 +80,28 @@ def graph_freed(trace: Trace) -> List[Diagnosis]:
             if link is None:
                 continue
             culprit, carried, earlier = link
-            what = ("%s uses `%s`, which is still attached to the graph of an earlier iteration; the backward "
-                    "on %s already ran that graph and freed its buffers, and this backward runs into it again"
-                    % (where(culprit), _name(trace, carried) or trace.tensor_label(carried),
-                       line_ref(trace.ops[earlier])))
+            label = _name(trace, carried) or trace.tensor_label(carried)
+            info = trace.tensors.get(carried) if carried is not None else None
+            made = trace.ops[info.created_by] if info is not None and info.created_by is not None else None
+            made_since = any(earlier < (trace.nodes[k].created_by if trace.nodes[k].created_by is not None else -1)
+                             < cp.op_index for k in order if k in trace.nodes)
+            if culprit.index < earlier and not made_since:  # one forward, two backward calls through it
+                shape = "shared"
+                what = ("%s runs backward through a part of the graph that the backward on %s already ran and "
+                        "freed: both start from results of %s, which uses `%s`"
+                        % (where(backward), line_ref(trace.ops[earlier]), line_ref(culprit), label))
+                culprit = backward
+            elif made is None or (made.location is not None and made.location == culprit.location):
+                shape = "carried"  # `h = cell(x, h)`: the line that uses it made it, an iteration before
+                what = ("%s uses `%s`, which is still attached to the graph of an earlier iteration; the backward "
+                        "on %s already ran that graph and freed its buffers, and this backward runs into it again"
+                        % (where(culprit), label, line_ref(trace.ops[earlier])))
+            else:
+                shape = "reused"  # computed once, used again after a backward went through it
+                what = ("%s uses `%s`, computed %sbefore the backward on %s ran through it and freed its graph's "
+                        "buffers; this backward runs into that graph again"
+                        % (where(culprit), label, "on %s, " % line_ref(made) if made is not None else "",
+                           line_ref(trace.ops[earlier])))
         outcome = backward_outcome(backward.error, _GRAPH_FREED_ERROR, "PyTorch", "PyTorch stopped this backward")
         name = _name(trace, carried) or (trace.tensor_label(carried) if carried is not None else None)
         message = ("%s. %s \"Trying to backward through the graph a second time\" at %s (node %s, whose saved "
@@ -94,6 +112,24 @@ def graph_freed(trace: Trace) -> List[Diagnosis]:
                    "really need the same graph, pass `retain_graph=True` to the first one%s "
                    "That keeps every buffer of the graph alive until the last backward (memory)."
                    % (NO_ONE_LINE_FIX, ":\n" + code(retained) + "\n" if retained else "."))
+        elif shape == "shared":
+            retained = _with_retain(trace.ops[earlier].location.source if trace.ops[earlier].location else "")
+            fix = ("%s call backward once for the losses that share this graph, on their sum: `sum(losses)."
+                   "backward()` or `(loss_a + loss_b).backward()` gives every parameter the same gradient as "
+                   "separate calls. If the calls must stay separate, pass `retain_graph=True` to every one but the "
+                   "last%s That keeps the graph's buffers alive until the last one (memory). Detaching would cut "
+                   "the shared part out of the gradient."
+                   % (NO_ONE_LINE_FIX, ":\n" + code(retained) + "\n" if retained else "."))
+        elif shape == "reused":
+            made_at = " (%s)" % line_ref(made) if made is not None else ""
+            shown = "`%s`" % label if _name(trace, carried) else label
+            fix = ("%s compute %s again after the backward on %s, where it is used (inside the loop, if it is "
+                   "made before one%s), so that each backward has a graph of its own. If that backward did not "
+                   "need to go through it (a discriminator's loss on generated samples), detach it there instead "
+                   "(`.detach()` where that loss used it). Detaching it here would stop its gradient; "
+                   "`retain_graph=True` on the earlier backward only if both passes really need the same graph "
+                   "(its buffers stay alive)."
+                   % (NO_ONE_LINE_FIX, shown, line_ref(trace.ops[earlier]), made_at))
         elif name and name.isidentifier():
             fix = ("%s detach the carried state at the start of each iteration (truncated backpropagation "
                    "through time), so each backward runs only its own iteration's graph:\n%s\n"

@@ -11,8 +11,7 @@ def ablate(module, inputs, output):
     output[:, :2] = 0  # @culprit
 
 
-def main():
-    model = nn.Sequential(nn.Linear(5, 6), nn.Sigmoid(), nn.Linear(6, 1))
+def main(model):
     model[1].register_forward_hook(ablate)
     x = torch.randn(3, 5)
     loss = model(x).sum()  # @saved
@@ -20,4 +19,5 @@ def main():
 
 
 torch.manual_seed(0)
-main()
+model = nn.Sequential(nn.Linear(5, 6), nn.Sigmoid(), nn.Linear(6, 1))
+main(model)

@@ -18,4 +18,6 @@ def build():
     return model
 
 
-build()
+torch.manual_seed(0)
+model = build()
+model(torch.randn(2, 4)).sum().backward()

@@ -18,4 +18,5 @@ def step(model, x):
 
 
 torch.manual_seed(0)
-step(nn.Sequential(nn.Linear(4, 6), nn.Sigmoid(), ZeroFirst(), nn.Linear(6, 2)), torch.randn(3, 4))
+model = nn.Sequential(nn.Linear(4, 6), nn.Sigmoid(), ZeroFirst(), nn.Linear(6, 2))
+step(model, torch.randn(3, 4))
