@@ -325,3 +325,22 @@ def test_an_unused_input_of_autograd_grad_quotes_pytorch_whole():
     [d] = [d for d in trace.diagnoses if d.kind == "missing-grad"]
     assert "differentiated Tensor at index 1 appears to not have been used" in d.message
     assert " ifferentiated" not in d.message and '"ifferentiated' not in d.message
+
+
+def test_a_loss_computed_from_an_inference_mode_result_is_cut_where_that_ran():
+    @torch.inference_mode()
+    def predict(model, x):
+        return model(x).softmax(-1)  # evaluation helper reused for training
+
+    def step(model, x, y):
+        probs = predict(model, x)
+        loss = nn.functional.nll_loss(probs.log(), y)
+        loss.backward()
+
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        with ja.capture() as trace:
+            step(nn.Sequential(nn.Linear(4, 3)), torch.randn(5, 4), torch.tensor([0, 1, 2, 1, 0]))
+    [d] = trace.diagnoses
+    assert d.kind == "graph-cut" and d.tensor == "loss"
+    assert trace.source_line(d.filename, d.line).strip() == "return model(x).softmax(-1)  # evaluation helper reused for training"
+    assert "inference" in d.message and trace.warnings == []

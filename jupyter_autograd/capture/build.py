@@ -86,7 +86,8 @@ def freeze(recorder, namespaces: Iterable[dict]):
             # The grad is summarised when the trace is built, read through the weak reference.
             live[t_id] = (bool(t.requires_grad), bool(t.is_leaf),
                           None if fn is None else fn.name().rpartition("::")[2],
-                          None if fn is None else graph_snapshot.node_key(fn, recorder), ref, t._version)
+                          None if fn is None else graph_snapshot.node_key(fn, recorder), ref,
+                          None if t.is_inference() else t._version)
     trees = {}  # (id(module), name) -> _ModuleTree: the model is met by more than one of these
     names, module_names = _namespace_names(recorder, namespaces, trees)
     _name_outermost_modules(recorder, module_names, trees)

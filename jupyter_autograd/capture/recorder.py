@@ -768,9 +768,9 @@ class Recorder(TorchFunctionMode):
         t_id = len(refs)
         # No t.grad_fn here: a Python wrapper on every node makes PyTorch 2.13 free deep graphs
         # recursively (a segfault past ~40,000 nodes). Names of nodes are read once, at the end.
-        # An inference tensor is recorded but never looked up again: it has no version counter
-        # for the end of the block to read, and it can take no part in autograd.
-        ref = _DEAD if t.is_inference() else _weakref(t)
+        # An inference tensor has no version counter (None wherever one is read), but it is looked
+        # up again like any other: a loss computed from one is cut off the graph where it was made.
+        ref = _weakref(t)
         refs.append(ref)
         # The shape as a plain tuple (as _fold keeps it): a torch.Size stays tracked by the cyclic GC,
         # a tuple of ints does not, and in a long loop every tracked row makes each full collection longer.
