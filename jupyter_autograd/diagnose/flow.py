@@ -189,7 +189,9 @@ def graph_cut(trace: Trace) -> List[Diagnosis]:
         raised = backward.error is not None and _NO_GRAD_FN in backward.error
         if not raised and not made_here:
             continue  # backward on a leaf the user made on purpose
-        if not raised and not info.requires_grad:
+        # A backward that ran on a tensor made here without grad means its flag was set by hand
+        # (the tensor may be gone by the end of the block: a loss inside a training function).
+        if not raised and (info.first_requires_grad or (info.alive and not info.requires_grad)):
             continue
         cut, why = _find_cut(trace, root, cp.op_index)
         name = info.name or trace.tensor_label(root)
@@ -211,6 +213,8 @@ def graph_cut(trace: Trace) -> List[Diagnosis]:
             "(%s)." % (NO_ONE_LINE_FIX, name, why))
         diag = _diag("graph-cut", cut, message, fix, tensor=name, tids=(root,))
         diag.predicted = True
+        if any((d.filename, d.line, d.tensor) == (diag.filename, diag.line, diag.tensor) for d in out):
+            continue  # the same cut, met again by the next iteration of a loop
         out.append(diag)
     return out
 
