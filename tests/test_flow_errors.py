@@ -344,3 +344,19 @@ def test_a_loss_computed_from_an_inference_mode_result_is_cut_where_that_ran():
     assert d.kind == "graph-cut" and d.tensor == "loss"
     assert trace.source_line(d.filename, d.line).strip() == "return model(x).softmax(-1)  # evaluation helper reused for training"
     assert "inference" in d.message and trace.warnings == []
+
+
+def test_a_model_built_and_frozen_in_the_block_is_said_to_be_frozen_where_that_happened():
+    def fit(x, y):
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        model.requires_grad_(False)  # meant for the backbone only
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return model
+
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        with ja.capture() as trace:
+            kept = fit(torch.randn(5, 4), torch.tensor([0, 1, 1, 0, 1]))  # noqa: F841 (alive at the end)
+    [d] = trace.diagnoses
+    assert d.kind == "graph-cut" and "every parameter it was computed from is frozen" in d.message
+    assert trace.source_line(d.filename, d.line).strip().startswith("model.requires_grad_(False)")

@@ -228,15 +228,26 @@ def _find_cut(trace: Trace, root: int, before: int):
             exit_op = exit_before(trace, op)
             if exit_op is not None and is_cut(trace, exit_op) and any(t in found for t in exit_op.inputs):
                 cuts.append(exit_op)
+    # Frozen: without grad when the block ends if still alive (a model built in the block and frozen
+    # there was made with it), else when first seen. When nothing it came from requires grad but
+    # frozen parameters, that is the reason, whatever op looks like a cut on the way.
+    def requires_grad(info):
+        return info.requires_grad if info.alive else info.first_requires_grad
+
+    leaves = [trace.tensors[t] for t in found if t in trace.tensors and trace.tensors[t].is_leaf]
+    frozen = [info.tid for info in leaves if info.owner and not requires_grad(info)]
+    if frozen and not any(requires_grad(info) for info in leaves):
+        freezing = [op for op in trace.ops[:before] if op.name == "Tensor.requires_grad_"
+                    and any(t in op.inputs for t in frozen)]
+        uses = [op for op in trace.ops[:before] if any(t in op.inputs for t in frozen)]
+        # Where it was frozen, if a recorded call did it; else the forward that used it (not the
+        # initialisation inside the module's constructor).
+        in_forward = [op for op in uses if op.module]
+        use = freezing[-1] if freezing else (in_forward or uses or [None])[0]
+        return use, "every parameter it was computed from is frozen (`requires_grad=False`)"
     if cuts:
         cut = max(cuts, key=lambda op: op.index)
         return cut, _why_cut(cut)
-    frozen = [t for t in found if t in trace.tensors and trace.tensors[t].is_leaf and trace.tensors[t].owner
-              and not trace.tensors[t].first_requires_grad]
-    if frozen:
-        use = min((op for op in trace.ops[:before] if any(t in op.inputs for t in frozen)), key=lambda op: op.index,
-                  default=None)
-        return use, "every parameter it was computed from is frozen (`requires_grad=False`)"
     return None, "from data alone"
 
 
