@@ -360,3 +360,24 @@ def test_a_model_built_and_frozen_in_the_block_is_said_to_be_frozen_where_that_h
     [d] = trace.diagnoses
     assert d.kind == "graph-cut" and "every parameter it was computed from is frozen" in d.message
     assert trace.source_line(d.filename, d.line).strip().startswith("model.requires_grad_(False)")
+
+
+def test_a_recurrent_state_carried_in_a_tuple_is_described_never_called_unrecorded():
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.lstm, self.head = nn.Embedding(11, 8), nn.LSTM(8, 8, batch_first=True), nn.Linear(8, 11)
+
+        def forward(self, tokens, state=None):
+            out, state = self.lstm(self.emb(tokens), state)
+            return self.head(out), state
+
+    def train_epoch(model, batches):
+        state = None
+        for tokens in batches:
+            logits, state = model(tokens, state)  # (h, c) carried without detach
+            nn.functional.cross_entropy(logits.reshape(-1, 11), tokens.reshape(-1)).backward()
+
+    trace, d = _freed(lambda: train_epoch(LM(), [torch.randint(0, 11, (2, 5)) for _ in range(2)]))
+    assert "unrecorded" not in d.message and "the state it carries over" in d.message
+    assert "earlier iteration" in d.message and ".detach()" in d.fix

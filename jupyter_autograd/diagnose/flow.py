@@ -80,7 +80,11 @@ def graph_freed(trace: Trace) -> List[Diagnosis]:
             if link is None:
                 continue
             culprit, carried, earlier = link
-            label = _name(trace, carried) or trace.tensor_label(carried)
+            # No input of the op leads there by itself when the state travels inside a structure (an
+            # LSTM's (h, c) tuple): then say what it is, never "an unrecorded tensor".
+            label = (_name(trace, carried) or trace.tensor_label(carried) if carried is not None
+                     else "the state it carries over (a tensor of an earlier iteration)")
+            shown = "`%s`" % label if carried is not None and _name(trace, carried) else label
             info = trace.tensors.get(carried) if carried is not None else None
             made = trace.ops[info.created_by] if info is not None and info.created_by is not None else None
             made_since = any(earlier < (trace.nodes[k].created_by if trace.nodes[k].created_by is not None else -1)
@@ -88,19 +92,19 @@ def graph_freed(trace: Trace) -> List[Diagnosis]:
             if culprit.index < earlier and not made_since:  # one forward, two backward calls through it
                 shape = "shared"
                 what = ("%s runs backward through a part of the graph that the backward on %s already ran and "
-                        "freed: both start from results of %s, which uses `%s`"
-                        % (where(backward), line_ref(trace.ops[earlier]), line_ref(culprit), label))
+                        "freed: both start from results of %s, which uses %s"
+                        % (where(backward), line_ref(trace.ops[earlier]), line_ref(culprit), shown))
                 culprit = backward
             elif made is None or (made.location is not None and made.location == culprit.location):
                 shape = "carried"  # `h = cell(x, h)`: the line that uses it made it, an iteration before
-                what = ("%s uses `%s`, which is still attached to the graph of an earlier iteration; the backward "
+                what = ("%s uses %s, which is still attached to the graph of an earlier iteration; the backward "
                         "on %s already ran that graph and freed its buffers, and this backward runs into it again"
-                        % (where(culprit), label, line_ref(trace.ops[earlier])))
+                        % (where(culprit), shown, line_ref(trace.ops[earlier])))
             else:
                 shape = "reused"  # computed once, used again after a backward went through it
-                what = ("%s uses `%s`, computed %sbefore the backward on %s ran through it and freed its graph's "
+                what = ("%s uses %s, computed %sbefore the backward on %s ran through it and freed its graph's "
                         "buffers; this backward runs into that graph again"
-                        % (where(culprit), label, "on %s, " % line_ref(made) if made is not None else "",
+                        % (where(culprit), shown, "on %s, " % line_ref(made) if made is not None else "",
                            line_ref(trace.ops[earlier])))
         outcome = backward_outcome(backward.error, _GRAPH_FREED_ERROR, "PyTorch", "PyTorch stopped this backward")
         name = _name(trace, carried) or (trace.tensor_label(carried) if carried is not None else None)
@@ -122,7 +126,6 @@ def graph_freed(trace: Trace) -> List[Diagnosis]:
                    % (NO_ONE_LINE_FIX, ":\n" + code(retained) + "\n" if retained else "."))
         elif shape == "reused":
             made_at = " (%s)" % line_ref(made) if made is not None else ""
-            shown = "`%s`" % label if _name(trace, carried) else label
             fix = ("%s compute %s again after the backward on %s, where it is used (inside the loop, if it is "
                    "made before one%s), so that each backward has a graph of its own. If that backward did not "
                    "need to go through it (a discriminator's loss on generated samples), detach it there instead "
