@@ -264,71 +264,73 @@ def _out_of_place_call(receiver: str, method: str, args, keywords) -> Optional[s
         [ast.unparse(a) for a in args] + [ast.unparse(k) for k in keywords]))
 
 
-def _arguments_of(trace: Trace, location) -> frozenset:
-    """The parameter names of the function whose line this is, read off its `def` in the source
-    (the nearest one above, indented less than the line); empty when it cannot be read."""
+def _function_of(trace: Trace, location):
+    """(the source's lines, the number of the line of the `def` of the function whose line this is,
+    the indentation of its body), read off the source; None when it cannot be read."""
     lines = trace.sources.get(location.filename or "", [])
     if not location.function or not 0 < location.line <= len(lines):
-        return frozenset()
-    indent = len(lines[location.line - 1]) - len(lines[location.line - 1].lstrip())
+        return None
+    indent = _indent(lines[location.line - 1])
+    heads = ("def %s(" % location.function, "async def %s(" % location.function)
     for number in range(location.line - 1, 0, -1):
         text = lines[number - 1]
-        stripped = text.lstrip()
-        if not stripped.startswith(("def %s(" % location.function, "async def %s(" % location.function)):
-            continue
-        if len(text) - len(stripped) >= indent:
-            return frozenset()
-        try:
-            header = ast.parse(stripped.rstrip() + "\n    pass\n").body[0]
-        except SyntaxError:  # a signature over several lines
-            return frozenset()
-        args = header.args
-        return frozenset(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs)
-    return frozenset()
+        if text.lstrip().startswith(heads):
+            if _indent(text) >= indent:
+                return None
+            body = next((_indent(t) for t in lines[number:] if _code(t)), indent)
+            return lines, number, body
+    return None
+
+
+def _indent(text: str) -> int:
+    return len(text) - len(text.lstrip())
+
+
+def _code(text: str) -> str:
+    return text.split("#", 1)[0].strip()
+
+
+def _arguments_of(trace: Trace, location) -> frozenset:
+    """The parameter names of the function whose line this is; empty when they cannot be read."""
+    found = _function_of(trace, location)
+    if found is None:
+        return frozenset()
+    lines, number, _ = found
+    try:
+        header = ast.parse(lines[number - 1].strip() + "\n    pass\n").body[0]
+    except SyntaxError:  # a signature over several lines
+        return frozenset()
+    args = header.args
+    return frozenset(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs)
+
+
+def _rest_of_body(trace: Trace, location):
+    """(the body's indentation, its code lines after this one), or None."""
+    found = _function_of(trace, location)
+    if found is None:
+        return None
+    lines, _, body = found
+    rest = []
+    for text in lines[location.line:]:
+        if _code(text):
+            if _indent(text) < body:
+                break
+            rest.append(text)
+    return body, rest
 
 
 def _ends_its_function(trace: Trace, location) -> bool:
     """Whether the line is the last statement of its function's body, at the body's own level (a
     `return` after it then changes nothing else the function does)."""
+    found = _rest_of_body(trace, location)
     lines = trace.sources.get(location.filename or "", [])
-    if not 0 < location.line <= len(lines):
-        return False
-    text = lines[location.line - 1]
-    indent = len(text) - len(text.lstrip())
-    previous = lines[location.line - 2].strip() if location.line > 1 else ""
-    if not (previous.startswith(("def ", "async def ")) or _indent_of_code_above(lines, location.line) == indent):
-        return False  # nested in a loop or a condition
-    for following in lines[location.line:]:
-        code_text = following.split("#", 1)[0]
-        if code_text.strip():
-            return len(following) - len(following.lstrip()) < indent
-    return True
+    return found is not None and not found[1] and _indent(lines[location.line - 1]) == found[0]
 
 
 def _returns_later(trace: Trace, location, name: str) -> bool:
     """Whether the function goes on to `return name` (then the copy is what it returns)."""
-    lines = trace.sources.get(location.filename or "", [])
-    if not 0 < location.line <= len(lines):
-        return False
-    text = lines[location.line - 1]
-    indent = len(text) - len(text.lstrip())
-    for following in lines[location.line:]:
-        code_text = following.split("#", 1)[0].strip()
-        if not code_text:
-            continue
-        if len(following) - len(following.lstrip()) < indent and not code_text.startswith(("return", "else", "elif")):
-            return False
-        if code_text == "return %s" % name:
-            return True
-    return False
-
-
-def _indent_of_code_above(lines, line: int) -> int:
-    for number in range(line - 1, 0, -1):
-        text = lines[number - 1]
-        if text.split("#", 1)[0].strip():
-            return len(text) - len(text.lstrip()) if not text.strip().endswith(":") else -1
-    return -1
+    found = _rest_of_body(trace, location)
+    return found is not None and any(_code(text) == "return %s" % name for text in found[1])
 
 
 def copy_before_write(src: str) -> Optional[str]:

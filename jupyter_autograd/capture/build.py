@@ -163,12 +163,9 @@ def _single_callee(text: str) -> Optional[str]:
     callees = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
-            func, parts = node.func, []
-            while isinstance(func, ast.Attribute):
-                parts.append(func.attr)
-                func = func.value
-            if isinstance(func, ast.Name) and func.id not in _NOT_MODULES:
-                callees.append(".".join([func.id] + parts[::-1]))
+            callee = _dotted(node.func)
+            if callee and callee.partition(".")[0] not in _NOT_MODULES:
+                callees.append(callee)
     # `[model(a).sum(), model(b).sum()]` calls one thing twice: it is still one candidate.
     candidates = list(dict.fromkeys(c for c in callees if not c.rpartition(".")[2].endswith("_")))
     return candidates[0] if len(candidates) == 1 else None
@@ -635,7 +632,7 @@ def _operands_of(node):
         owner = node.func.value
         if isinstance(owner, ast.Name) and owner.id in ("torch", "F", "nn", "np"):
             return node.func.attr, _operands(list(node.args))
-        if isinstance(owner, ast.Name) or _dotted(owner):  # a method call: the receiver is the first input
+        if _dotted(owner):  # a method call: the receiver (`x`, `m.weight`) is the first input
             return node.func.attr, _operands([owner] + list(node.args))
     return None, None
 
@@ -651,12 +648,12 @@ def _same_op(callee, op_name: str) -> bool:
 
 
 def _dotted(node) -> Optional[str]:
-    """`m.weight` (attributes of a name), else None: what a method's receiver is, exactly."""
+    """`x` or `m.weight` (a name, or attributes of one), else None: exactly what the expression is."""
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
         node = node.value
-    if not parts or not isinstance(node, ast.Name):
+    if not isinstance(node, ast.Name):
         return None
     return ".".join([node.id] + parts[::-1])
 
@@ -665,10 +662,9 @@ def _operands(nodes):
     """Names of the tensor-like operands; None when one is an expression we cannot place."""
     out = []
     for n in nodes:
-        if isinstance(n, ast.Name):
-            out.append(n.id)
-        elif _dotted(n):  # `self.w`, `m.weight`: the attribute's value is the operand
-            out.append(_dotted(n))
+        name = _dotted(n)  # `x`, `self.w`: the value of that name or attribute is the operand
+        if name:
+            out.append(name)
         elif isinstance(n, ast.Constant) or (isinstance(n, ast.UnaryOp) and isinstance(n.operand, ast.Constant)):
             continue  # a Python number (-0.1 too): not among the op's tensor inputs
         else:

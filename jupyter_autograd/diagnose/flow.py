@@ -82,13 +82,14 @@ def graph_freed(trace: Trace) -> List[Diagnosis]:
             culprit, carried, earlier = link
             # No input of the op leads there by itself when the state travels inside a structure (an
             # LSTM's (h, c) tuple): then say what it is, never "an unrecorded tensor".
-            label = (_name(trace, carried) or trace.tensor_label(carried) if carried is not None
-                     else "the state it carries over (a tensor of an earlier iteration)")
-            shown = "`%s`" % label if carried is not None and _name(trace, carried) else label
+            named = _name(trace, carried) if carried is not None else None
+            label = named or (trace.tensor_label(carried) if carried is not None
+                              else "the state it carries over (a tensor of an earlier iteration)")
+            shown = "`%s`" % named if named else label
             info = trace.tensors.get(carried) if carried is not None else None
             made = trace.ops[info.created_by] if info is not None and info.created_by is not None else None
-            made_since = any(earlier < (trace.nodes[k].created_by if trace.nodes[k].created_by is not None else -1)
-                             < cp.op_index for k in order if k in trace.nodes)
+            made_since = any(node.created_by is not None and earlier < node.created_by < cp.op_index
+                             for node in map(trace.nodes.get, order) if node is not None)
             if culprit.index < earlier and not made_since:  # one forward, two backward calls through it
                 shape = "shared"
                 what = ("%s runs backward through a part of the graph that the backward on %s already ran and "
