@@ -45,6 +45,7 @@ class TensorInfo:
     first_requires_grad: bool = False    # requires_grad when first seen (made, or first used)
     owner: Optional[str] = None          # for a parameter: the outermost module called in the block that holds it
     optimized: bool = False              # a parameter of an optimizer that stepped in the block
+    is_parameter: bool = False           # an nn.Parameter
     stepped_with_grad: bool = False      # ... and that step found a gradient in its `.grad`
     nonfinite_after: Optional[int] = None  # the first backward call after which its gradient held NaN/Inf
 
@@ -69,6 +70,19 @@ class OpRecord:
     error: Optional[str] = None          # "RuntimeError: ..." when the op raised
     is_backward: bool = False
     module: Tuple[str, ...] = ()         # the nn.Module forwards it ran in, outermost first
+
+
+@dataclass(slots=True)
+class ModuleCall:
+    """A call of a module whose forward the user wrote (its ops run at the lines of that forward):
+    the caller's line, the ops it ran and the tensors it returned."""
+    location: Location                   # the line that called it (`fake = G(z)`)
+    module: Tuple[str, ...]              # its module path, outermost first, as OpRecord.module
+    first_op: int                        # index of its first op
+    end_op: int                          # one past its last op
+    outputs: Tuple[Optional[int], ...] = ()  # tids of what it returned (a tensor, or a tuple's elements)
+    inputs: Tuple[int, ...] = ()         # tids of the tensors among its arguments (and in tuples of them)
+    columns: Optional[Tuple[int, int]] = None  # (first, end) UTF-8 columns of the call on its line
 
 
 @dataclass(slots=True)
@@ -161,6 +175,7 @@ class Trace:
     notes: List[str] = field(default_factory=list)     # things the tool did that the user may want to know
     sources: Dict[str, List[str]] = field(default_factory=dict)  # filename -> lines, for display
     modules: Dict[str, str] = field(default_factory=dict)  # dotted module name -> class name
+    calls: List[ModuleCall] = field(default_factory=list)  # calls of user-written modules, by first op
     # With check_nan: {"backward": op index, "node": key, "name": node name, "facts": what its saved inputs held}
     nan_origin: Optional[Dict[str, Any]] = field(default_factory=lambda: None)
 

@@ -229,6 +229,63 @@ def test_names_inside_functions_come_from_assignments_without_leaking():
     assert {t.name for t in trace.tensors.values()} >= {"hidden", "out"}
 
 
+class _Doubler(nn.Module):
+    """A module the user wrote: its ops run at the lines of this forward, none at the caller's."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x, state=None):
+        h = self.lin(x)
+        return h * 2, h.tanh()
+
+
+class _Holder:
+    pass
+
+
+def test_what_a_user_written_module_returns_is_named_at_the_line_that_called_it():
+    def step(model, holder):
+        with ja.capture() as trace:
+            x = torch.randn(2, 3)
+            out, holder.state = model(x, (x, x))
+            holder.scale = out.sum() * 3
+        return trace, weakref.ref(model)
+
+    holder = _Holder()
+    trace, model_ref = step(_Doubler(), holder)
+    gc.collect()
+    assert model_ref() is None  # the calls are kept as plain data: the module is not held
+    names = {t.name for t in trace.tensors.values()}
+    assert {"out", "holder.state", "holder.scale", "h"} <= names
+    [call] = trace.calls
+    assert call.location.source == "out, holder.state = model(x, (x, x))"
+    assert call.module == ("model",) and call.columns is not None
+    x = next(t.tid for t in trace.tensors.values() if t.name == "x")
+    assert call.inputs == (x, x, x)
+    assert [trace.tensors[t].name for t in call.outputs] == ["out", "holder.state"]
+    assert all(call.first_op <= op.index < call.end_op for op in trace.ops if op.module)
+
+
+def test_a_call_of_a_user_module_that_raises_leaves_no_call_open():
+    class Broken(nn.Module):
+        def forward(self, x):
+            y = x * 2
+            raise ValueError("inside forward")
+
+    def step(model):
+        with ja.capture() as trace:
+            with pytest.raises(ValueError):
+                model(torch.ones(2))
+            z = torch.ones(2) + 1
+        return trace
+
+    trace = step(Broken())
+    assert not trace.warnings and [call.outputs for call in trace.calls] == [()]
+    assert trace.tensors[trace.ops[-1].outputs[0]].name == "z"
+
+
 def test_bad_namespace_argument_says_what_to_do():
     with pytest.raises(TypeError, match="dict or a list of dicts"):
         ja.capture(namespace=42)

@@ -6,16 +6,17 @@ import functools
 import gc
 import io
 import linecache
+import re
 import tokenize
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..model import Checkpoint, GraphNode, Location, OpRecord, SavedSlot, TensorInfo, Trace
+from ..model import Checkpoint, GraphNode, Location, ModuleCall, OpRecord, SavedSlot, TensorInfo, Trace
 from . import graph as graph_snapshot
 from . import nan_watch
 from .recorder import (_BACKWARD_FUNCS, _DATA_GETTER, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD, OP_IN, OP_LINE,
-                       OP_OUT, OP_VA, OP_VB, OP_WR, TENSOR, value_kind)
+                       OP_OUT, OP_VA, OP_VB, OP_WR, TENSOR, call_columns, value_kind)
 
 _op_names = {}
 
@@ -191,26 +192,34 @@ def _name_module_paths(recorder, module_names):
     by_path = {}
     children = {}  # id(parent) -> {id(child): its attribute name}
     classes = recorder.module_classes = {}
+
+    def named(path):
+        found = by_path.get(id(path))
+        if found is not None:
+            return found[0]
+        parts, parent_name, parent = [], None, None
+        for module in path:
+            name = module_names.get(id(module))
+            if name is None and parent is not None:
+                names = children.get(id(parent))
+                if names is None:
+                    names = children[id(parent)] = {}
+                    for k, m in parent.named_children():
+                        names.setdefault(id(m), k)
+                child = names.get(id(module))
+                name = "%s.%s" % (parent_name, child) if child is not None else None
+            name = name or type(module).__name__
+            classes[name] = type(module).__name__
+            parts.append(name)
+            parent_name, parent = name, module
+        by_path[id(path)] = (tuple(parts), path)  # the path is kept with its id: no other can take it
+        return tuple(parts)
+
     for index, path in list(recorder.op_modules.items()):
-        named = by_path.get(id(path))
-        if named is None:
-            parts, parent_name, parent = [], None, None
-            for module in path:
-                name = module_names.get(id(module))
-                if name is None and parent is not None:
-                    names = children.get(id(parent))
-                    if names is None:
-                        names = children[id(parent)] = {}
-                        for k, m in parent.named_children():
-                            names.setdefault(id(m), k)
-                    child = names.get(id(module))
-                    name = "%s.%s" % (parent_name, child) if child is not None else None
-                name = name or type(module).__name__
-                classes[name] = type(module).__name__
-                parts.append(name)
-                parent_name, parent = name, module
-            named = by_path[id(path)] = (tuple(parts), path)
-        recorder.op_modules[index] = named[0]
+        recorder.op_modules[index] = named(path)
+    for calls in recorder.user_calls.values():
+        calls[:] = [call[:5] + (named(call[5]),) + call[6:] for call in calls]
+    recorder.open_calls = []
 
 
 def build_trace(recorder, live, names, error: Optional[str] = None) -> Trace:
@@ -224,6 +233,7 @@ def build_trace(recorder, live, names, error: Optional[str] = None) -> Trace:
         locations = _locations(recorder, trace)
         _tensors(recorder, trace, live, names)
         _ops(recorder, trace, locations)
+        _calls(recorder, trace)
         _graph(recorder, trace)
         _names(trace, names)
         if recorder.nan_origin is not None:
@@ -247,6 +257,25 @@ def _locations(recorder, trace) -> Dict[tuple, Location]:
         text = _without_comment(trace.source_line(filename, line)).strip()
         cache[(id(code), line)] = Location(filename, line, code.co_name, text)
     return cache
+
+
+def _calls(recorder, trace):
+    """trace.calls, from the recorder's calls of user-written modules, in the order they began."""
+    locations: Dict[tuple, Location] = {}
+    for first in sorted(recorder.user_calls):
+        for code, line, lasti, end, outputs, path, inputs in recorder.user_calls[first]:
+            where = locations.get((id(code), line))
+            if where is None:
+                filename = code.co_filename
+                if filename not in trace.sources:
+                    trace.sources[filename] = list(linecache.getlines(filename))
+                text = _without_comment(trace.source_line(filename, line)).strip()
+                where = locations[(id(code), line)] = Location(filename, line, code.co_name, text)
+            outputs = tuple(t if t in trace.tensors else None for t in outputs)
+            trace.calls.append(ModuleCall(location=where, module=path, first_op=first, end_op=end,
+                                          outputs=outputs, inputs=tuple(t for t in inputs if t in trace.tensors),
+                                          columns=call_columns(code, line, lasti)))
+    trace.calls.sort(key=lambda call: (call.first_op, -call.end_op))  # an enclosing call before those inside it
 
 
 def _without_comment(line: str) -> str:
@@ -277,7 +306,7 @@ def _tensors(recorder, trace, live, names_found):
                           device=device_name, requires_grad=bool(requires_grad), is_leaf=bool(is_leaf),
                           created_by=created_by, base=base, data_alias_of=alias_of,
                           first_requires_grad=bool(requires_grad), owner=recorder.param_owner.get(t_id),
-                          optimized=t_id in recorder.optimized,
+                          optimized=t_id in recorder.optimized, is_parameter=t_id in recorder.parameters,
                           stepped_with_grad=t_id in recorder.stepped_with_grad, nonfinite_after=recorder.nonfinite.get(t_id))
         if t_id in live:
             info.alive = True
@@ -560,6 +589,16 @@ def _assignment_targets(trace) -> Dict[int, str]:
     names: Dict[int, str] = {}
     parsed: Dict[str, tuple] = {}
     ops = trace.ops
+    tensors = trace.tensors
+
+    def give(tid, name, text):
+        # A parameter goes by its dotted path, or is described: `self.emb = nn.Embedding(10, 4)` ends
+        # with an op on the embedding's weight, which is not what the line calls `self.emb`.
+        info = tensors.get(tid)
+        if info is not None and info.is_parameter and not _MAKES_PARAMETER.search(text):
+            return
+        names.setdefault(tid, name)
+
     # The next op of the same function: a line that calls user code (a module's forward written
     # by the user, a forward hook) runs that code's lines in the middle of its own ops, so the
     # line's last op is the last before the function moves to another line, not before any other line.
@@ -581,8 +620,13 @@ def _assignment_targets(trace) -> Dict[int, str]:
         if text not in parsed:
             parsed[text] = _read_statement(text)
         target, callee, operands = parsed[text]
-        if target and op.outputs and not op.is_backward:
-            names.setdefault(op.outputs[0], target)
+        if isinstance(target, tuple):  # `out, self.hidden = self.rnn(x, self.hidden)`: one name per output
+            if len(target) == len(op.outputs) and not op.is_backward:
+                for tid, name in zip(op.outputs, target):
+                    if name:
+                        give(tid, name, text)
+        elif target and op.outputs and not op.is_backward:
+            give(op.outputs[0], target, text)
         alone = prev is None or prev.location != op.location
         # Operands name inputs only when the line's call is this very op: `self.emb(ids)` runs
         # F.embedding(ids, weight), whose inputs are not (self, ids).
@@ -590,7 +634,49 @@ def _assignment_targets(trace) -> Dict[int, str]:
             for tid, name in zip(op.inputs, operands):
                 if name:
                     names.setdefault(tid, name)
+    # What a user-written module returned, by the line that called it (`fake = G(z)`: its ops ran
+    # at the lines of G.forward, none at this one). After the names above: inside, it has its own.
+    for call in trace.calls:
+        if call.columns is None or not call.outputs:
+            continue
+        full = trace.source_line(call.location.filename, call.location.line)
+        key = (full, call.columns)
+        if key not in parsed:
+            parsed[key] = _call_target(full, call.columns)
+        target = parsed[key]
+        if isinstance(target, tuple):
+            if len(target) == len(call.outputs):
+                for tid, name in zip(call.outputs, target):
+                    if tid is not None and name:
+                        give(tid, name, full)
+        elif target and len(call.outputs) == 1 and call.outputs[0] is not None:
+            give(call.outputs[0], target, full)
     return names
+
+
+_MAKES_PARAMETER = re.compile(r"\bParameter\s*\(")
+
+
+def _call_target(line: str, columns) -> Optional[object]:
+    """The name (or tuple of names) a line assigns the result of the call at `columns` to, when the
+    call is the whole value: `fake = G(z)`, `out, self.hidden = self.rnn(x, self.hidden)`. Else None."""
+    code = _without_comment(line)
+    text = code.strip()
+    indent = len(code.encode("utf-8")) - len(code.lstrip().encode("utf-8"))
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], (ast.Assign, ast.AnnAssign)):
+        return None
+    stmt = tree.body[0]
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+    value = stmt.value
+    if len(targets) != 1 or not isinstance(value, ast.Call):
+        return None
+    if (value.col_offset + indent, value.end_col_offset + indent) != tuple(columns) or value.end_lineno != 1:
+        return None
+    return _dotted(targets[0]) or _dotted_tuple(targets[0])
 
 
 def _read_statement(text: str):
@@ -604,12 +690,13 @@ def _read_statement(text: str):
     stmt = tree.body[0]
     target, value = None, None
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-        target = stmt.targets[0].id if isinstance(stmt.targets[0], ast.Name) else None
+        # A name or an attribute (`self.hidden = ...`: what the user's code calls it there).
+        target = _dotted(stmt.targets[0]) or _dotted_tuple(stmt.targets[0])
         value = stmt.value
         if isinstance(stmt.targets[0], ast.Subscript):  # t[i] = v: Tensor.__setitem__(t, i, v)
             return None, "__setitem__", _operands([stmt.targets[0].value, stmt.value])
-    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) and isinstance(stmt.target, ast.Name):
-        target = stmt.target.id
+    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) and _dotted(stmt.target):
+        target = _dotted(stmt.target)
         value = stmt.value
         if isinstance(stmt, ast.AugAssign):
             return target, "__i%s__" % _BINOPS.get(type(stmt.op), "?"), _operands([stmt.target, stmt.value])
@@ -656,6 +743,16 @@ def _dotted(node) -> Optional[str]:
     if not isinstance(node, ast.Name):
         return None
     return ".".join([node.id] + parts[::-1])
+
+
+def _dotted_tuple(node) -> Optional[tuple]:
+    """`h, c` or `out, self.hidden` (a tuple of names or attributes, `_` for one not kept), else None."""
+    if not isinstance(node, (ast.Tuple, ast.List)) or not node.elts:
+        return None
+    names = tuple(_dotted(e) for e in node.elts)
+    if None in names:
+        return None
+    return tuple(None if n == "_" else n for n in names)
 
 
 def _operands(nodes):

@@ -44,6 +44,7 @@ _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _CAPTURE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _OVERRIDES_FILE = os.path.abspath(torch.overrides.__file__)
 _Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 _DATA_GETTER = torch.Tensor.data.__get__
 _GETTER_TYPE = type(_DATA_GETTER)
 _BACKWARD_FUNCS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
@@ -109,24 +110,78 @@ def _enter_module(module, args):
     if recorder is not None and recorder.off is None:
         if not recorder.module_path and id(module) not in recorder.module_call_sites:
             # The user's line that called the model (`logits = model(x)`): its name for the model.
-            frame = sys._getframe(1)
-            while frame is not None and _frame_kind(frame.f_code.co_filename):
-                frame = frame.f_back
+            frame = _module_caller(recorder)
             if frame is not None:
                 recorder.module_call_sites[id(module)] = (frame.f_code.co_filename, frame.f_lineno,
                                                           _call_columns(frame))
         recorder.module_path = recorder.module_path + (module,)
         recorder.modules[id(module)] = module
+        if _is_user_module(module):
+            # A forward the user wrote runs its ops at its own lines: the caller's line is kept, to
+            # name what the call returns (`fake = G(z)`) and to say where the module was called.
+            frame = _module_caller(recorder)
+            if frame is not None:
+                try:
+                    inputs = recorder.argument_tids(args)
+                except Exception as exc:  # never let the tool break the user's call
+                    recorder._fail(exc)
+                    return None
+                recorder.open_calls.append((module, frame.f_code, frame.f_lineno, frame.f_lasti,
+                                            len(recorder.ops), recorder.module_path, inputs))
+
+
+_WRAPPED_CALL_CODE = _nn_module.Module._wrapped_call_impl.__code__
+
+
+def _module_caller(recorder):
+    """The innermost frame of user code above the module call that runs our pre-hook. Walking
+    there frame by frame makes a frame object of each frame passed; the hook runs four frames
+    below the call (inner, _call_impl, _wrapped_call_impl), so the walk starts there when the
+    stack is as expected, and from the hook's caller otherwise."""
+    try:
+        frame = _getframe(4)  # _module_caller, _enter_module, inner, _call_impl: _wrapped_call_impl
+    except ValueError:
+        frame = None
+    frame = frame.f_back if frame is not None and frame.f_code is _WRAPPED_CALL_CODE else _getframe(2)
+    kinds = recorder.internal_code  # see _user_line
+    while frame is not None:
+        code = frame.f_code
+        entry = kinds.get(id(code))
+        if entry is None:
+            entry = kinds[id(code)] = (code, _frame_kind(code.co_filename))
+        if not entry[1]:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _is_user_module(module) -> bool:
+    """Whether the module's forward is the user's code (not torch's, not an installed library's)."""
+    cls = type(module)
+    known = _user_module_types.get(cls)
+    if known is None:
+        code = getattr(getattr(cls, "forward", None), "__code__", None)
+        known = _user_module_types[cls] = code is not None and not _frame_kind(code.co_filename)
+    return known
+
+
+_user_module_types = {}  # type -> whether its forward is user code (classes are few, and live long)
 
 
 def _call_columns(frame):
     """(first, end) UTF-8 columns of the call a frame is making, where Python knows them (3.11+)
     and it fits on its line: `losses.append(model(x).sum())` calls the model at `model(x)`."""
+    return call_columns(frame.f_code, frame.f_lineno, frame.f_lasti)
+
+
+def call_columns(code, line, lasti):
+    """_call_columns for a frame's (code, line, last instruction), read later (build.py): the
+    positions are a walk over the code's instructions, too slow for every module call."""
     try:
-        line, end_line, first, end = next(itertools.islice(frame.f_code.co_positions(), frame.f_lasti // 2, None))
+        first_line, end_line, first, end = next(itertools.islice(code.co_positions(), lasti // 2, None))
     except (AttributeError, StopIteration, ValueError, TypeError):
         return None
-    if line != frame.f_lineno or end_line != line or first is None or end is None:
+    if first_line != line or end_line != line or first is None or end is None:
         return None
     return (first, end)
 
@@ -167,6 +222,11 @@ def _leave_module(module, args, output):
     recorder = getattr(_state, "recorder", None)
     if recorder is not None and recorder.module_path and recorder.module_path[-1] is module:
         recorder.module_path = recorder.module_path[:-1]
+        if recorder.open_calls and recorder.open_calls[-1][0] is module:
+            try:
+                recorder.end_call(output)
+            except Exception as exc:  # never let the tool break the user's call
+                recorder._fail(exc)
 
 
 def _before_optimizer_step(optimizer, args, kwargs):
@@ -457,7 +517,10 @@ class Recorder(TorchFunctionMode):
         self.modules = {}              # id(module) -> module, for naming at the end of the block
         self.module_call_sites = {}    # id(outermost module) -> (filename, line, columns or None) of the user's call
         self.op_modules = {}           # op index -> module path, for ops run inside a forward
+        self.open_calls = []           # user-written modules running now: (module, caller's code, line, lasti, first op, path, input tids)
+        self.user_calls = {}           # first op index -> [(code, line, lasti, end op, output tids, path, input tids)]
         self.optimized = set()         # tids of the parameters of every optimizer stepped in the block
+        self.parameters = set()        # tids of the nn.Parameters seen
         # ... and of those it stepped with a gradient: one may have come from a backward we never
         # see (reentrant checkpointing runs its own inside the engine), for a model dead by the end.
         self.stepped_with_grad = set()
@@ -741,6 +804,41 @@ class Recorder(TorchFunctionMode):
         else:
             self.end_step()
 
+    def end_call(self, output):
+        """A user-written module returned (see _enter_module): keep its caller's line, the ops it ran
+        and the tensors it returned, if it ran any op."""
+        _, code, line, lasti, first, path, inputs = self.open_calls.pop()
+        end = len(self.ops)
+        if end == first:
+            return
+        if isinstance(output, _Tensor):
+            outputs = (self._quiet_tid(output),)
+        elif isinstance(output, _SEQUENCES):
+            outputs = tuple(self._quiet_tid(t) if isinstance(t, _Tensor) else None for t in output)
+        else:
+            outputs = ()
+        self.user_calls.setdefault(first, []).append((code, line, lasti, end, outputs, path, inputs))
+
+    def argument_tids(self, args):
+        """The tids of the tensors among a call's positional arguments, and inside tuples and lists
+        of them (an LSTM's `(h, c)`)."""
+        tids = []
+        for a in args:
+            if isinstance(a, _Tensor):
+                tids.append(self._quiet_tid(a))
+            elif isinstance(a, _SEQUENCES):
+                tids.extend(self._quiet_tid(t) for t in a if isinstance(t, _Tensor))
+        return tuple(tids)
+
+    def _quiet_tid(self, t):
+        """_tid from a hook, where our mode is on: registering a tensor reads it, and those reads
+        are no ops of the user's. A tensor already seen (the usual case) reads nothing."""
+        t_id = self.tid_of.get(id(t))
+        if t_id is not None and self.refs[t_id]() is t:
+            return t_id
+        with _all_torch_function_off():
+            return self._register(t, None, None)
+
     def _new_func_id(self, func):
         self.func_ids[func] = len(self.funcs)
         self.funcs.append(func)
@@ -780,6 +878,8 @@ class Recorder(TorchFunctionMode):
             shape = _shape_in_parts(t)
         self.tensor_meta.append((shape, t.dtype, t.device, t.requires_grad, t.is_leaf, created_by, base_tid,
                                  alias_of))
+        if type(t) is _Parameter:
+            self.parameters.add(t_id)
         self.tid_of[id(t)] = t_id
         return t_id
 
@@ -820,6 +920,7 @@ class Recorder(TorchFunctionMode):
         shapes, rows, made_by = self._shapes(), self.interned_rows, self.folded_created
         tuples = self.shared_tuples
         op_modules, nodes, freeing = self.op_modules, self.graph_nodes, self.freeing_backwards
+        user_calls = self.user_calls
         folded, droppable = 0, []
         for index in range(self.folded_upto, upto):
             rec = ops[index]
@@ -849,6 +950,7 @@ class Recorder(TorchFunctionMode):
                                        None if seq is None else NODES_IN_RANGES, None, rec[OP_GRAD], None)
             ops[index] = small
             op_modules.pop(index, None)
+            user_calls.pop(index, None)
             for t in outs:
                 refs[t] = _DEAD
                 meta = metas[t]
@@ -972,7 +1074,10 @@ class Recorder(TorchFunctionMode):
                             for key, e in self.graph_nodes.items() if e[4] >= start}
         part.names = dict(self.names)
         part.op_modules = {i - start: path for i, path in self.op_modules.items() if i >= start}
+        part.user_calls = {i - start: [c[:3] + (c[3] - start,) + c[4:] for c in calls]
+                           for i, calls in self.user_calls.items() if i >= start}
         part.optimized = set(self.optimized)
+        part.parameters = set(self.parameters)
         part.stepped_with_grad = set(self.stepped_with_grad)
         part.freeing_backwards = {i - start for i in self.freeing_backwards if i >= start}
         part.too_deep = part.folded = part.folded_backwards = 0
