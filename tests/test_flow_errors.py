@@ -381,3 +381,42 @@ def test_a_recurrent_state_carried_in_a_tuple_is_described_never_called_unrecord
     trace, d = _freed(lambda: train_epoch(LM(), [torch.randint(0, 11, (2, 5)) for _ in range(2)]))
     assert "unrecorded" not in d.message and "the state it carries over" in d.message
     assert "earlier iteration" in d.message and ".detach()" in d.fix
+
+
+def test_a_moved_leaf_returned_under_another_name_is_fixed_under_the_name_its_line_gives_it():
+    def make():
+        log_alpha = torch.zeros(1, requires_grad=True).to(torch.float64)
+        return log_alpha
+
+    def train():
+        la = make()
+        for _ in range(2):
+            (-(la * torch.randn(8, dtype=torch.float64)).mean()).backward()
+        return la
+
+    with ja.capture() as trace:
+        la = train()
+    [d] = [d for d in trace.diagnoses if d.kind == "missing-grad"]
+    assert d.source == "log_alpha = torch.zeros(1, requires_grad=True).to(torch.float64)"
+    assert "so `log_alpha` is the leaf" in d.fix and "log_alpha = torch.zeros(1).to(torch.float64).requires_grad_()" in d.fix
+    assert not la.is_leaf
+
+
+def test_a_moved_leaf_that_only_lives_on_an_object_is_named_by_the_attribute_that_holds_it():
+    class Agent:
+        def __init__(self):
+            self.log_alpha = torch.zeros(1, requires_grad=True).to(torch.float64)
+
+        def update(self, log_probs):
+            (-(self.log_alpha * log_probs).mean()).backward()
+
+    def train(agent):
+        for _ in range(2):
+            agent.update(torch.randn(8, dtype=torch.float64))
+
+    with ja.capture() as trace:
+        train(Agent())
+    [d] = trace.diagnoses
+    assert (d.kind, d.tensor) == ("missing-grad", "self.log_alpha")
+    assert d.source == "self.log_alpha = torch.zeros(1, requires_grad=True).to(torch.float64)"
+    assert "self.log_alpha = torch.zeros(1).to(torch.float64).requires_grad_()" in d.fix

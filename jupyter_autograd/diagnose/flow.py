@@ -13,7 +13,8 @@ from typing import Dict, List, Optional, Set
 
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, where
 from ..model import Checkpoint, Diagnosis, OpRecord, Trace
-from .paths import ancestors, descendants, engine_order, exit_before, first_use, is_cut, leading_to, node_at
+from .paths import (ancestors, at_caller, at_maker, descendants, engine_order, exit_before, first_use, is_cut,
+                    leading_to, node_at)
 
 _NO_GRAD_FN = "does not require grad and does not have a grad_fn"
 _GRAPH_FREED_ERROR = "backward through the graph a second time"
@@ -90,19 +91,29 @@ def graph_freed(trace: Trace) -> List[Diagnosis]:
             made = trace.ops[info.created_by] if info is not None and info.created_by is not None else None
             made_since = any(node.created_by is not None and earlier < node.created_by < cp.op_index
                              for node in map(trace.nodes.get, order) if node is not None)
-            if culprit.index < earlier and not made_since:  # one forward, two backward calls through it
-                shape = "shared"
+            if culprit.index < earlier and not made_since:
+                shape = "shared"  # one forward, two backward calls through it
+            elif made is None or (made.location is not None and made.location == culprit.location):
+                shape = "carried"  # `h = cell(x, h)`: the line that uses it made it, an iteration before
+            else:
+                shape = "reused"  # computed once, used again after a backward went through it
+            # Inside a module the user wrote, a tensor computed once and used again is used where the
+            # module was called with it: `D(fake)`, not the `self.net(x)` in D.forward; and it was made
+            # where it was returned, `fake = G(z)`. A carried state stays at the line that carries it
+            # (`hidden = self.cell(x, hidden)` in a forward).
+            if shape == "reused":
+                culprit = at_caller(trace, culprit, carried)
+            made = at_maker(trace, carried, made)
+            if shape == "shared":
                 what = ("%s runs backward through a part of the graph that the backward on %s already ran and "
                         "freed: both start from results of %s, which uses %s"
                         % (where(backward), line_ref(trace.ops[earlier]), line_ref(culprit), shown))
                 culprit = backward
-            elif made is None or (made.location is not None and made.location == culprit.location):
-                shape = "carried"  # `h = cell(x, h)`: the line that uses it made it, an iteration before
+            elif shape == "carried":
                 what = ("%s uses %s, which is still attached to the graph of an earlier iteration; the backward "
                         "on %s already ran that graph and freed its buffers, and this backward runs into it again"
                         % (where(culprit), shown, line_ref(trace.ops[earlier])))
             else:
-                shape = "reused"  # computed once, used again after a backward went through it
                 what = ("%s uses %s, computed %sbefore the backward on %s ran through it and freed its graph's "
                         "buffers; this backward runs into that graph again"
                         % (where(culprit), shown, "on %s, " % line_ref(made) if made is not None else "",
@@ -152,21 +163,47 @@ def graph_freed(trace: Trace) -> List[Diagnosis]:
 
 def _link_into_freed(trace: Trace, order: List[int], first: int, freed_by):
     """(op, carried tensor, freeing backward) for the edge where this call's own graph enters the
-    freed one on the way to the first freed node backward meets."""
+    freed one on the way to the first freed node backward meets: from a node made after the backward
+    that freed it to one made before (an earlier iteration's state, also where that state's own node
+    was never run, as an RNN's hidden state that the first loss did not use); failing that, from a
+    node no backward ran to one that a backward freed (two losses on one forward)."""
     nodes = trace.nodes
     leads_to_first = leading_to(trace, order, [first])
-    best = None
-    for key in order:
-        if freed_by(key) is not None or key < 0:
-            continue
-        for child in nodes[key].inputs:
-            if child in leads_to_first and freed_by(child) is not None:
-                op_index = nodes[key].created_by
-                if op_index is not None and (best is None or op_index > best[0].index):
-                    op = trace.ops[op_index]
-                    carried = next((t for t in op.inputs if node_at(trace, t, op_index) == child), None)
-                    best = (op, carried, freed_by(child))
-    return best
+    boundary = freed_by(first)
+
+    def made_before(key):
+        node = nodes.get(key)
+        return node is not None and node.created_by is not None and node.created_by < boundary
+
+    for crosses in ((lambda key, child: not made_before(key) and made_before(child)),
+                    (lambda key, child: freed_by(child) is not None)):
+        best = None
+        for key in order:
+            if freed_by(key) is not None or key < 0:
+                continue
+            for child in nodes[key].inputs:
+                if child in leads_to_first and crosses(key, child):
+                    op_index = nodes[key].created_by
+                    if op_index is not None and (best is None or op_index > best[0].index):
+                        op = trace.ops[op_index]
+                        carried = next((t for t in op.inputs if node_at(trace, t, op_index) == child), None)
+                        if carried is None:
+                            carried = _output_of_maker(trace, op, child)
+                        best = (op, carried, boundary)
+        if best is not None:
+            return best
+    return None
+
+
+def _output_of_maker(trace: Trace, op: OpRecord, child: int) -> Optional[int]:
+    """The input of `op` that the op which made node `child` returned, when it is the only one: an op
+    with several outputs (an RNN's output and hidden state, chunk) is recorded with one node, so the
+    node of each output is not known, but which op made it is."""
+    maker = trace.nodes[child].created_by if child in trace.nodes else None
+    if maker is None:
+        return None
+    candidates = [t for t in op.inputs if t in trace.ops[maker].outputs]
+    return candidates[0] if len(candidates) == 1 else None
 
 
 def _with_retain(source: str) -> str:
@@ -330,14 +367,21 @@ def _moved_leaves(trace: Trace) -> List[Diagnosis]:
     runs = _ran_backward(trace)
     if not runs:
         return out
+    last_use: Dict[int, int] = {}
+    for rec in trace.ops:
+        for t in rec.inputs:
+            last_use[t] = rec.index
     for info in trace.tensors.values():
-        if info.created_by is None or not info.name or info.is_leaf or not info.alive:
+        if info.created_by is None or not info.name or info.is_leaf:
             continue
         found = _copied_from_lost_leaf(trace, info)
         if found is None:
             continue
         first, op = found
-        if not any(run.index > op.index for run in runs):
+        after = [run.index for run in runs if run.index > op.index]
+        # Kept to be trained: alive at the end, or used again after a backward (an object that held
+        # it across the steps of a training function, gone by the end of the block).
+        if not after or not (info.alive or last_use.get(info.tid, -1) > after[0]):
             continue
         message = (
             "`%s` is the result of `%s`, not the tensor made with `requires_grad=True`: it is not a leaf, so "
@@ -388,7 +432,9 @@ def _leaf_after_move_fix(src: str, name: str) -> str:
         return fallback
     stmt.value = ast.Call(func=ast.Attribute(value=stmt.value, attr="requires_grad_", ctx=ast.Load()),
                           args=[], keywords=[])
-    return "Set requires_grad after the move, so `%s` is the leaf. %s\n%s" % (name, REPLACE, code(ast.unparse(stmt)))
+    # The name that line gives it (`log_alpha`, returned and called `la` by the caller).
+    target = ast.unparse(stmt.targets[0]) if len(stmt.targets) == 1 else name
+    return "Set requires_grad after the move, so `%s` is the leaf. %s\n%s" % (target, REPLACE, code(ast.unparse(stmt)))
 
 
 def _unused_inputs(trace: Trace) -> List[Diagnosis]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from ..model import Checkpoint, OpRecord, Trace
+from ..model import Checkpoint, ModuleCall, OpRecord, Trace
 
 # Ops that turn a tensor into Python values: the chain to the graph ends there.
 _EXITS = {"item", "tolist", "numpy", "__float__", "__int__", "__index__", "__complex__", "__array__"}
@@ -167,3 +167,32 @@ def first_use(trace: Trace, tid: int, grad_enabled: bool = True) -> Optional[OpR
         if tid in op.inputs and not op.is_backward and (op.grad_enabled or not grad_enabled):
             return op
     return None
+
+
+def at_caller(trace: Trace, op: OpRecord, tid: Optional[int]) -> OpRecord:
+    """`op` placed at the user's line that called the module it ran in, when it ran inside a
+    user-written module that got tensor `tid` as an argument (`D(fake)`, not the `self.net(x)` in
+    D.forward that used it); else `op` itself. The outermost such call."""
+    if tid is None:
+        return op
+    for call in trace.calls:  # ordered by first op, an enclosing call before those inside it
+        if call.first_op <= op.index < call.end_op and tid in call.inputs:
+            return _placed(op, call)
+    return op
+
+
+def at_maker(trace: Trace, tid: Optional[int], op: Optional[OpRecord]) -> Optional[OpRecord]:
+    """The op that made tensor `tid`, placed at the line that called the user-written module which
+    returned it (`fake = G(z)`, not the last line of G.forward), if one did."""
+    if op is None or tid is None:
+        return op
+    for call in trace.calls:
+        if tid in call.outputs and call.first_op <= op.index < call.end_op:
+            return _placed(op, call)
+    return op
+
+
+def _placed(op: OpRecord, call: ModuleCall) -> OpRecord:
+    moved = OpRecord(**{name: getattr(op, name) for name in OpRecord.__slots__})
+    moved.location = call.location
+    return moved
