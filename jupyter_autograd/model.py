@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+# The op name of `t.requires_grad = ...` (a property set, recorded as an op: it can freeze a parameter).
+FREEZE_SETTER = "Tensor.requires_grad ="
+
 PROBLEM_KINDS = ("leaf-inplace", "saved-tensor-modified", "silent-data-mutation", "accumulated-graph",
                  "graph-freed", "graph-cut", "missing-grad", "nan-gradient")
 

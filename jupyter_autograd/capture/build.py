@@ -12,11 +12,12 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..model import Checkpoint, GraphNode, Location, ModuleCall, OpRecord, SavedSlot, TensorInfo, Trace
+from ..model import (FREEZE_SETTER, Checkpoint, GraphNode, Location, ModuleCall, OpRecord, SavedSlot, TensorInfo,
+                     Trace)
 from . import graph as graph_snapshot
 from . import nan_watch
-from .recorder import (_BACKWARD_FUNCS, _DATA_GETTER, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD, OP_IN, OP_LINE,
-                       OP_OUT, OP_VA, OP_VB, OP_WR, TENSOR, call_columns, value_kind)
+from .recorder import (_BACKWARD_FUNCS, _DATA_GETTER, _REQUIRES_GRAD_SETTER, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD,
+                       OP_IN, OP_LINE, OP_OUT, OP_VA, OP_VB, OP_WR, TENSOR, call_columns, value_kind)
 
 _op_names = {}
 
@@ -31,6 +32,8 @@ def op_name(func) -> str:
     owner = getattr(func, "__self__", None)
     if func == _DATA_GETTER:
         name = "Tensor.data"
+    elif func == _REQUIRES_GRAD_SETTER:
+        name = FREEZE_SETTER
     elif isinstance(owner, type):  # a classmethod such as MyFunction.apply
         name = "%s.%s" % (owner.__name__, getattr(func, "__name__", "?"))
     else:

@@ -47,6 +47,7 @@ _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 _DATA_GETTER = torch.Tensor.data.__get__
 _GETTER_TYPE = type(_DATA_GETTER)
+_REQUIRES_GRAD_SETTER = torch.Tensor.requires_grad.__set__  # `p.requires_grad = False` freezes: an op
 _BACKWARD_FUNCS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 # Ops whose records folding never drops (`.data`, backward calls): the first function ids.
 _KEPT_FUNCS = (_DATA_GETTER, torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
@@ -566,7 +567,8 @@ class Recorder(TorchFunctionMode):
         if relocate:
             _real_filters, _real_show = w.filters, w._showwarnmsg
         # A property read is not an op; inside an optimizer step, the step is the op (end_step).
-        passthrough = (type(func) is _GETTER_TYPE and func != _DATA_GETTER) or self.off is _STEPPING
+        passthrough = ((type(func) is _GETTER_TYPE and func != _DATA_GETTER and func != _REQUIRES_GRAD_SETTER)
+                       or self.off is _STEPPING)
         if passthrough or func in _NOT_RECORDED or _is_compiling() or _tracing_state() is not None:
             if relocate:
                 w.filters, w._showwarnmsg = _SHOW_ALL, _show_at_user_line

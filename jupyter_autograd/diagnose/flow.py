@@ -12,7 +12,7 @@ import re
 from typing import Dict, List, Optional, Set
 
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, where
-from ..model import Checkpoint, Diagnosis, OpRecord, Trace
+from ..model import FREEZE_SETTER, Checkpoint, Diagnosis, OpRecord, Trace
 from .paths import (ancestors, at_caller, at_maker, descendants, engine_order, exit_before, first_use, is_cut,
                     leading_to, node_at)
 
@@ -21,6 +21,7 @@ _GRAPH_FREED_ERROR = "backward through the graph a second time"
 _UNUSED_INPUT = re.compile(r"[Dd]ifferentiated Tensors? (?:at index (\d+) )?appears? to not have been used in the graph")
 _MOVES = {"to", "cuda", "cpu", "double", "float", "half", "bfloat16", "type", "long", "int", "mps", "xpu"}
 _COPIES = _MOVES | {"clone", "contiguous"}  # ops whose result the user takes for the tensor itself
+_SETS_REQUIRES_GRAD = {"Tensor.requires_grad_", FREEZE_SETTER}
 
 
 def _diag(kind: str, op: Optional[OpRecord], message: str, fix: str, tensor=None, tids=()) -> Diagnosis:
@@ -272,14 +273,20 @@ def _find_cut(trace: Trace, root: int, before: int):
     # Frozen: without grad when the block ends if still alive (a model built in the block and frozen
     # there was made with it), else when first seen. When nothing it came from requires grad but
     # frozen parameters, that is the reason, whatever op looks like a cut on the way.
+    # A parameter gone by the end whose requires_grad a call set (`requires_grad_()`, `p.requires_grad =`)
+    # counts as frozen there: with nothing else it came from requiring grad, that call froze it.
+    setting = [op for op in trace.ops[:before] if op.name in _SETS_REQUIRES_GRAD]
+    set_on = {t for op in setting for t in op.inputs}
+
     def requires_grad(info):
-        return info.requires_grad if info.alive else info.first_requires_grad
+        if info.alive:
+            return info.requires_grad
+        return info.first_requires_grad and info.tid not in set_on
 
     leaves = [trace.tensors[t] for t in found if t in trace.tensors and trace.tensors[t].is_leaf]
     frozen = [info.tid for info in leaves if info.owner and not requires_grad(info)]
     if frozen and not any(requires_grad(info) for info in leaves):
-        freezing = [op for op in trace.ops[:before] if op.name == "Tensor.requires_grad_"
-                    and any(t in op.inputs for t in frozen)]
+        freezing = [op for op in setting if any(t in op.inputs for t in frozen)]
         uses = [op for op in trace.ops[:before] if any(t in op.inputs for t in frozen)]
         # Where it was frozen, if a recorded call did it; else the forward that used it (not the
         # initialisation inside the module's constructor).
