@@ -402,3 +402,20 @@ def test_a_view_whose_base_is_first_seen_through_it_keeps_every_row_its_own():
     assert (base.name, base.shape, base.is_leaf, base.base) == ("w", (3, 4), True, None)
     assert (view.shape, view.is_leaf, view.base) == ((4,), False, 0)
     assert [(d.kind, d.tensor) for d in trace.diagnoses] == [("leaf-inplace", "w")]
+
+
+class _AddsOne(nn.Module):
+    def forward(self, table):
+        return table + 1
+
+
+def test_globals_of_a_function_whose_first_call_is_a_user_module_still_name_its_tensors():
+    """The first frame of a function met on the way to a user-written module's caller is code of
+    the user's like any other: its globals name tensors (here the only name `table` has)."""
+    space = {"net": _AddsOne(), "table": torch.ones(3, requires_grad=True)}
+    exec(compile("def f():\n    return net(table)\n", "<user module>", "exec"), space)
+    f = space.pop("f")
+    with ja.capture(namespace={}) as trace:
+        out = f()
+    assert out.requires_grad
+    assert "table" in {t.name for t in trace.tensors.values()}

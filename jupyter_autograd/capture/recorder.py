@@ -144,12 +144,9 @@ def _module_caller(recorder):
     except ValueError:
         frame = None
     frame = frame.f_back if frame is not None and frame.f_code is _WRAPPED_CALL_CODE else _getframe(2)
-    kinds = recorder.internal_code  # see _user_line
+    kinds = recorder.internal_code
     while frame is not None:
-        code = frame.f_code
-        entry = kinds.get(id(code))
-        if entry is None:
-            entry = kinds[id(code)] = (code, _frame_kind(code.co_filename))
+        entry = kinds.get(id(frame.f_code)) or recorder._code_entry(frame)
         if not entry[1]:
             return frame
         frame = frame.f_back
@@ -706,11 +703,7 @@ class Recorder(TorchFunctionMode):
             code = frame.f_code
             # Keyed by id: hashing a code object is not cached and costs microseconds. The entry
             # holds the code object, so the id cannot be reused while we keep it.
-            entry = internal.get(id(code))
-            if entry is None:
-                entry = internal[id(code)] = (code, _frame_kind(code.co_filename))
-                if not entry[1]:
-                    self.user_globals.setdefault(id(frame.f_globals), frame.f_globals)
+            entry = internal.get(id(code)) or self._code_entry(frame)
             kind = entry[1]
             if not kind:
                 return code, frame.f_lineno
@@ -720,6 +713,15 @@ class Recorder(TorchFunctionMode):
         if library is not None:  # no user code on the stack (a library's own entry point)
             return library.f_code, library.f_lineno
         return None, 0
+
+    def _code_entry(self, frame):
+        """internal_code's entry for a frame's code, met for the first time; the globals of user
+        code are kept for naming (see build._namespace_names)."""
+        code = frame.f_code
+        entry = self.internal_code[id(code)] = (code, _frame_kind(code.co_filename))
+        if not entry[1]:
+            self.user_globals.setdefault(id(frame.f_globals), frame.f_globals)
+        return entry
 
     # -- optimizer steps ------------------------------------------------------------------------
     def begin_step(self, optimizer, args, kwargs):
