@@ -28,7 +28,7 @@ from IPython.core.inputtransformer2 import leading_indent
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .capture import capture, warn
+from .capture import capture, file_namers, warn
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the tool's own frames
 _TORCH_DISPATCH = os.path.join("torch", "overrides.py")
@@ -351,12 +351,25 @@ def _call(method, *args):
     return call
 
 
+class _CellNames:
+    """The name Jupyter shows for a cell (`In [2]`), from the file name IPython compiled it under
+    (`/tmp/ipykernel_81/2786300238.py`): the map IPython's own tracebacks use ("Cell In[2]")."""
+
+    def __init__(self, shell):
+        self.shell = shell
+
+    def __call__(self, filename):
+        number = getattr(self.shell.compile, "_filename_map", {}).get(filename)
+        return None if number is None else "In [%s]" % number
+
+
 def load(ipython):
     _remove_rewrite(ipython)
     ipython.register_magics(AutogradMagics)
     rewrite = _CellRewrite(ipython)
     ipython.input_transformers_cleanup.append(rewrite)
     ipython.ast_transformers.append(rewrite)
+    file_namers.append(_CellNames(ipython))
 
 
 def unload(ipython):
@@ -367,7 +380,13 @@ def unload(ipython):
     _remove_rewrite(ipython)
 
 
+def _remove_cell_names(ipython):
+    # By name, not identity: %reload_ext makes a new class.
+    file_namers[:] = [n for n in file_namers if not (type(n).__qualname__ == "_CellNames" and n.shell is ipython)]
+
+
 def _remove_rewrite(ipython):
+    _remove_cell_names(ipython)
     # By name, not identity: %reload_ext makes a new class.
     for hooks in (ipython.input_transformers_cleanup, ipython.ast_transformers):
         hooks[:] = [hook for hook in hooks if type(hook).__qualname__ != "_CellRewrite"

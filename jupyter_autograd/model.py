@@ -5,6 +5,7 @@ serialised to JSON, and rendered anywhere.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -177,6 +178,9 @@ class Trace:
     warnings: List[str] = field(default_factory=list)  # problems of the tool itself
     notes: List[str] = field(default_factory=list)     # things the tool did that the user may want to know
     sources: Dict[str, List[str]] = field(default_factory=dict)  # filename -> lines, for display
+    # filename -> the name a person knows it by, where the file's own name means nothing to them:
+    # a notebook cell's code is compiled under a hashed name (`2786300238.py`); Jupyter says `In [2]`.
+    source_names: Dict[str, str] = field(default_factory=dict)
     modules: Dict[str, str] = field(default_factory=dict)  # dotted module name -> class name
     calls: List[ModuleCall] = field(default_factory=list)  # calls of user-written modules, by first op
     # With check_nan: {"backward": op index, "node": key, "name": node name, "facts": what its saved inputs held}
@@ -225,6 +229,22 @@ class Trace:
         if line and 0 < line <= len(lines):
             return lines[line - 1].rstrip("\n")
         return ""
+
+    def file_label(self, filename: Optional[str]) -> str:
+        """`In [2]` for a notebook cell, `train.py` for a file, `<string>` for code with no file."""
+        if not filename:
+            return ""
+        named = self.source_names.get(filename)
+        if named:
+            return named
+        return filename if filename.startswith("<") else os.path.basename(filename)
+
+    def place(self, filename: Optional[str], line: Optional[int]) -> str:
+        """Where a line is, as a person finds it: `In [2], line 16`, `train.py, line 41`."""
+        label = self.file_label(filename)
+        if line is None:
+            return label
+        return "%s, line %d" % (label, line) if label else "line %d" % line
 
     def backward_calls(self) -> List[OpRecord]:
         return [op for op in self.ops if op.is_backward]

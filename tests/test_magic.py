@@ -165,3 +165,22 @@ def test_default_display_is_the_widget_with_static_fallbacks(shell):
 def test_quiet_shows_nothing_when_all_is_well(shell):
     result, cap = run(shell, "%%autograd -q\nimport torch\nk = torch.ones(2, requires_grad=True)\n(k * 2).sum().backward()")
     assert result.success and cap.outputs == []
+
+
+def test_cells_are_named_as_jupyter_names_them(shell):
+    """A culprit inside a function defined in an earlier cell is placed in that cell, by the name
+    Jupyter shows for it (`In [1]`), not by the hashed file IPython compiled it under."""
+    shell.run_cell("import torch\n\ndef step(x, w):\n    h = torch.sigmoid(x @ w)\n    h.mul_(2)\n    return h.sum()\n",
+                   store_history=True)
+    defined_in = shell.execution_count - 1
+    result, _ = run(shell, "%%autograd -q -o tr\nw = torch.ones(2, 2, requires_grad=True)\n"
+                           "loss = step(torch.ones(1, 2), w)\nloss.backward()")
+    (d,) = shell.user_ns["tr"].diagnoses
+    tr = shell.user_ns["tr"]
+    assert d.kind == "saved-tensor-modified" and d.line == 5
+    assert tr.file_label(d.filename) == "In [%d]" % defined_in
+    assert tr.place(d.filename, d.line) == "In [%d], line 5" % defined_in
+    from jupyter_autograd.capture import file_namers
+    shell.run_line_magic("unload_ext", "jupyter_autograd")
+    assert not [n for n in file_namers if getattr(n, "shell", None) is shell]
+    shell.run_line_magic("load_ext", "jupyter_autograd")

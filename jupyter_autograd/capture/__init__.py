@@ -20,7 +20,12 @@ from . import build, graph
 from .recorder import (_SHOW_ALL, Recorder, _put_back_warnings, _show_at_user_line, _state, frame_names,
                        install_hooks, remove_hooks)
 
-__all__ = ["capture"]
+__all__ = ["capture", "file_namers"]
+
+# Functions that give a source file the name a person knows it by (a notebook cell's `In [2]`, where
+# its code was compiled under a hashed file name), or None. The IPython extension adds the shell's
+# while it is loaded; they are asked when a trace is built, for the files its ops ran in.
+file_namers = []
 
 
 class capture:
@@ -425,6 +430,7 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
             with torch._C.DisableTorchFunction():
                 trace = build.build_trace(recorder, live, names, error)
             trace.warnings.extend(tool_warnings)
+            _name_source_files(trace)
             if recorder.failure:
                 trace.warnings.append("recording stopped early after an internal error: " + recorder.failure)
             if recorder.unrecorded_after_step is not None:
@@ -456,6 +462,18 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
         return trace
 
     return build_when_read
+
+
+def _name_source_files(trace: Trace) -> None:
+    for filename in trace.sources:
+        for namer in list(file_namers):
+            try:
+                name = namer(filename)
+            except Exception:  # a name is a nicety: never a reason to lose the analysis
+                name = None
+            if name:
+                trace.source_names[filename] = name
+                break
 
 
 def _add_note(exc: BaseException, trace: Trace) -> None:
