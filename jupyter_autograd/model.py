@@ -183,6 +183,13 @@ class Trace:
     source_names: Dict[str, str] = field(default_factory=dict)
     modules: Dict[str, str] = field(default_factory=dict)  # dotted module name -> class name
     calls: List[ModuleCall] = field(default_factory=list)  # calls of user-written modules, by first op
+    # Tensors with a grad_fn still alive at a backward call after the one that followed them (or at
+    # the block's end): tid -> op index of the first and of the last backward call (len(ops): the end)
+    # that found them alive. Something kept them: a variable, a list, an attribute, a helper object.
+    kept: Dict[int, Tuple[int, int]] = field(default_factory=dict)
+    # Calls of custom autograd.Functions whose forward ran recorded ops: (its first such op, the call's
+    # own op). The forward runs with grad off because the call runs it, in the grad mode of the call.
+    function_calls: List[Tuple[int, int]] = field(default_factory=list)
     # With check_nan: {"backward": op index, "node": key, "name": node name, "facts": what its saved inputs held}
     nan_origin: Optional[Dict[str, Any]] = field(default_factory=lambda: None)
 

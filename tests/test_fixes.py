@@ -87,7 +87,9 @@ def replacement(fix):
 
 
 MODULES = {"torch": torch, "nn": nn, "F": torch.nn.functional}
-OWNERS = (torch.Tensor, nn.Module, torch.optim.Optimizer)
+# The dicts and lists user code keeps tensors in: a fix that rewrites the user's own line keeps its
+# calls (`running[name] = (running.get(name, 0.0) + value).detach()`).
+OWNERS = (torch.Tensor, nn.Module, torch.optim.Optimizer, dict, list)
 
 
 def bound_names(source):
@@ -124,7 +126,7 @@ def check_module_path(parts, where):
 
 def check_method(name, where):
     assert any(callable(getattr(owner, name, None)) for owner in OWNERS), (
-        "%s: no method `%s` on torch.Tensor, nn.Module or an optimizer" % (where, name))
+        "%s: no method `%s` on torch.Tensor, nn.Module, an optimizer, a dict or a list" % (where, name))
 
 
 def check_code(block, user_names, where):
@@ -282,6 +284,8 @@ NO_ONE_LINE_FIX_EXPECTED = {
     "gan_step_between_backwards.py",      # the optimizer step must move, or the forward be run again
     "retained_history_in_recurrent_loop.py",  # a detach at the loop's start, and retain_graph dropped
     "losses_kept_in_a_list_then_stepped.py",  # every backward before the step, or a forward per step
+    "losses_kept_in_a_trainer_history.py",    # the list that keeps them is not a recorded line
+    "retained_totals_kept_in_a_list.py",      # the same: keep `.item()` where the list is filled
 }
 
 

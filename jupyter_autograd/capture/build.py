@@ -92,6 +92,7 @@ def freeze(recorder, namespaces: Iterable[dict]):
                           None if fn is None else fn.name().rpartition("::")[2],
                           None if fn is None else graph_snapshot.node_key(fn, recorder), ref,
                           None if t.is_inference() else t._version)
+    recorder.kept.look(recorder.refs, len(recorder.ops))  # kept to the end: alive now, made before the last backward
     trees = {}  # (id(module), name) -> _ModuleTree: the model is met by more than one of these
     names, module_names = _namespace_names(recorder, namespaces, trees)
     _name_outermost_modules(recorder, module_names, trees)
@@ -239,6 +240,9 @@ def build_trace(recorder, live, names, error: Optional[str] = None) -> Trace:
         _calls(recorder, trace)
         _graph(recorder, trace)
         _names(trace, names)
+        trace.kept = {t_id: (first, last) for t_id, (first, last) in recorder.kept.seen.items() if t_id in trace.tensors}
+        calls = recorder.function_calls
+        trace.function_calls = [(calls[i], calls[i + 1]) for i in range(0, len(calls), 2)]
         if recorder.nan_origin is not None:
             backward, key, name, facts = recorder.nan_origin
             trace.nan_origin = {"backward": backward, "node": key, "name": name, "facts": facts}
@@ -324,6 +328,7 @@ def _referenced_tensors(recorder, live, names_found) -> set:
     only by folded ops (whose records no longer list them): a long loop leaves millions."""
     wanted = set(live) | set(names_found) | set(recorder.param_owner) | set(recorder.optimized)
     wanted |= set(recorder.nonfinite)
+    wanted |= set(recorder.kept.seen)
     for rec in recorder.ops:
         if rec[OP_IN] or rec[OP_OUT]:
             wanted.update(rec[OP_IN])

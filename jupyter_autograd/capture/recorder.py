@@ -32,6 +32,7 @@ from torch.utils.hooks import RemovableHandle as _RemovableHandle
 
 from . import graph as graph_snapshot
 from . import nan_watch
+from .kept import KeptTensors
 from .graph import byte_range
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -97,7 +98,11 @@ def _recording_apply(cls, *args, **kwargs):
         _resume(recorder)
     if recorder is None or recorder.off is not None:
         return bound(*args, **kwargs)
-    return recorder.__torch_function__(bound, (), args, kwargs)
+    first = len(recorder.ops)
+    try:
+        return recorder.__torch_function__(bound, (), args, kwargs)
+    finally:
+        recorder.note_function_call(first)
 
 
 def _enter_module(module, args):
@@ -543,6 +548,10 @@ class Recorder(TorchFunctionMode):
         self.step_depth = 0            # profiler scopes opened inside that step
         self.step_popped = False       # our mode is off the stack while that step runs (begin_step)
         self.unrecorded_after_step = None  # (code, line) of a step that raised and was caught: see resume
+        self.kept = KeptTensors()      # tensors with history still alive at a later backward call
+        # Per custom autograd.Function call whose forward ran recorded ops: its first such op and
+        # its own op, flat. A forward runs with grad off because the call runs it.
+        self.function_calls = array("q")
 
     # -- hot path -----------------------------------------------------------------------------
     # Written for speed: every line here runs for every tensor call of the block. C-level loops
@@ -843,6 +852,13 @@ class Recorder(TorchFunctionMode):
         with _all_torch_function_off():
             return self._register(t, None, None)
 
+    def note_function_call(self, first):
+        """A custom Function's apply, begun when the block had `first` ops, has returned or raised:
+        the ops recorded since, but its own (the last), ran inside its forward."""
+        call = len(self.ops) - 1
+        if call > first and self.off is None:
+            self.function_calls.extend((first, call))
+
     def _new_func_id(self, func):
         self.func_ids[func] = len(self.funcs)
         self.funcs.append(func)
@@ -1096,6 +1112,10 @@ class Recorder(TorchFunctionMode):
         for name in ("pointer_index", "pointer_indexed", "folded_records", "interned_shapes"):
             part.__dict__.pop(name, None)
         part.shared_tuples, part.interned_rows = {}, {}
+        part.kept = self.kept.shifted(start, end)
+        calls = self.function_calls
+        part.function_calls = array("q", [index - start for i in range(0, len(calls), 2) if calls[i] >= start
+                                          for index in calls[i:i + 2]])
         return part
 
     # -- backward calls -------------------------------------------------------------------------
@@ -1181,6 +1201,7 @@ class Recorder(TorchFunctionMode):
         if names is not None:
             self.note_names(names)
         self.checkpoints.append(graph_snapshot.take(self, roots, len(self.ops), "backward", inputs, retain))
+        self.kept.look(self.refs, len(self.ops))
 
     def note_names(self, namespace):
         for name, value in list(namespace.items()):

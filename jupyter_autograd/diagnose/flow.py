@@ -13,14 +13,16 @@ from typing import Dict, List, Optional, Set
 
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, where
 from ..model import FREEZE_SETTER, Checkpoint, Diagnosis, OpRecord, Trace
-from .paths import (ancestors, at_caller, at_maker, descendants, engine_order, exit_before, first_use, is_cut,
-                    leading_to, node_at)
+from .paths import (FunctionCalls, ancestors, at_caller, at_maker, engine_order, exit_before, first_use, is_cut,
+                    leading_to, node_at, stops_after)
 
 _NO_GRAD_FN = "does not require grad and does not have a grad_fn"
 _GRAPH_FREED_ERROR = "backward through the graph a second time"
 _UNUSED_INPUT = re.compile(r"[Dd]ifferentiated Tensors? (?:at index (\d+) )?appears? to not have been used in the graph")
 _MOVES = {"to", "cuda", "cpu", "double", "float", "half", "bfloat16", "type", "long", "int", "mps", "xpu"}
-_COPIES = _MOVES | {"clone", "contiguous"}  # ops whose result the user takes for the tensor itself
+# Ops whose result the user takes for the tensor itself: moves, copies, and views that only reshape it.
+_COPIES = _MOVES | {"clone", "contiguous", "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten",
+                    "squeeze", "unsqueeze", "t", "transpose", "permute"}
 _SETS_REQUIRES_GRAD = {"Tensor.requires_grad_", FREEZE_SETTER}
 
 
@@ -390,24 +392,28 @@ def _moved_leaves(trace: Trace) -> List[Diagnosis]:
         # it across the steps of a training function, gone by the end of the block).
         if not after or not (info.alive or last_use.get(info.tid, -1) > after[0]):
             continue
+        rebound = trace.tensors[first.inputs[0]].name == info.name
         message = (
             "`%s` is the result of `%s`, not the tensor made with `requires_grad=True`: it is not a leaf, so "
             "backward() never stores a gradient in `%s.grad` (it stays None, and PyTorch only warns when it is "
-            "read). The gradient goes to the unnamed original tensor, which nothing updates."
-            % (info.name, op.name, info.name))
-        fix = _leaf_after_move_fix(first.location.source if first.location else "", info.name)
+            "read). The gradient goes to the original tensor, which %s, and which nothing updates."
+            % (info.name, op.name, info.name, "the name `%s` no longer holds" % info.name if rebound else
+               "has no name"))
+        source = first.location.source if first.location else ""
+        fix = (_rebound_leaf_fix(source) if rebound else None) or _leaf_after_move_fix(source, info.name)
         out.append(_diag("missing-grad", first, message, fix, tensor=info.name, tids=(info.tid, first.inputs[0])))
     return out
 
 
 def _copied_from_lost_leaf(trace: Trace, info):
-    """(the copy applied to the leaf, the one that made `info`) when `info` is a copy (moves, `.clone()`)
-    or a chain of unnamed copies of a leaf made with requires_grad=True that has no name: the user
-    holds the copy, and nothing holds the leaf, which gets the gradient. Else None."""
+    """(the copy applied to the leaf, the one that made `info`) when `info` is a copy (moves, `.clone()`,
+    a view that only reshapes) or a chain of copies of a leaf made with requires_grad=True, and the
+    leaf has no name of its own: none at all, or the very name the copy now goes by (`x = x.view(2, 3)`
+    rebinds it). The user holds the copy, and nothing holds the leaf, which gets the gradient. Else None."""
     op = last = trace.ops[info.created_by]
     while op.name.rpartition(".")[2] in _COPIES and op.inputs:
         source = trace.tensors.get(op.inputs[0])
-        if source is None or source.name:
+        if source is None or (source.name and source.name != info.name):
             return None
         if source.is_leaf:
             return (op, last) if source.first_requires_grad else None
@@ -415,6 +421,22 @@ def _copied_from_lost_leaf(trace: Trace, info):
             return None
         op = trace.ops[source.created_by]
     return None
+
+
+def _rebound_leaf_fix(src: str) -> Optional[str]:
+    """`w = w.type(torch.float)` -> `w = w.type(torch.float).detach().requires_grad_()`: the name then
+    holds a leaf of its own, which backward gives the gradient."""
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign) or len(tree.body[0].targets) != 1:
+        return None
+    stmt = tree.body[0]
+    detached = ast.Call(func=ast.Attribute(value=stmt.value, attr="detach", ctx=ast.Load()), args=[], keywords=[])
+    stmt.value = ast.Call(func=ast.Attribute(value=detached, attr="requires_grad_", ctx=ast.Load()), args=[],
+                          keywords=[])
+    return "Make the copy the leaf. %s\n%s" % (REPLACE, code(ast.unparse(stmt)))
 
 
 def _leaf_after_move_fix(src: str, name: str) -> str:
@@ -460,7 +482,7 @@ def _unused_inputs(trace: Trace) -> List[Diagnosis]:
             candidates = [t for t, k in zip(cp.input_tids, cp.inputs) if k not in reached]
         for tid in candidates[:1]:
             name = _name(trace, tid) or trace.tensor_label(tid)
-            cut, why = _path_cut(trace, tid, cp)
+            cut, why, _ = _path_cut(trace, tid, cp, FunctionCalls(trace))
             if cut is None:
                 message = ("`%s` (input %s of `torch.autograd.grad`) was never used to compute the outputs, so it has "
                            "no gradient; PyTorch raised \"%s\", naming only its index." % (
@@ -476,31 +498,77 @@ def _unused_inputs(trace: Trace) -> List[Diagnosis]:
     return out
 
 
-def _path_cut(trace: Trace, tid: int, cp: Checkpoint):
-    """The cut on a data-flow path from `tid` to the backward call's roots, if there is one."""
-    start = first_use(trace, tid)
+def _path_cut(trace: Trace, tid: int, cp: Checkpoint, calls: FunctionCalls, start: Optional[OpRecord] = None):
+    """(the op, why, what to do) where a data-flow path from `tid` to the backward call's roots stopped
+    requiring grad: the first such op on the way (`.detach()`, an op under no_grad, the indices of
+    `torch.max(y, 1)`, a comparison, an integer cast, the Python numbers a tensor was rebuilt from).
+    An op that ran with grad off inside a custom autograd.Function's forward was cut by the call that
+    ran it (`checkpoint(block, x)`), which is where the user's code can change it. (None, "", "")
+    when there is no such path."""
+    start = start if start is not None else first_use(trace, tid)
     if start is None:
-        return None, ""
-    _, cuts = descendants(trace, tid, start.index - 1)
+        return None, "", ""
+    _, stops = stops_after(trace, tid, start.index - 1, cp.op_index)
     backward = trace.ops[cp.op_index]
     roots = ancestors(trace, backward.inputs[:1], cp.op_index)
-    on_path = [op for op in cuts if op.index < cp.op_index and (
-        any(t in roots for t in op.outputs + op.writes) or (not op.outputs and any(t in roots for t in op.inputs)))]
+    on_path = [(op, cut) for op, cut in stops
+               if any(t in roots for t in cut) or (not op.outputs and any(t in roots for t in op.inputs))]
     if not on_path:
-        exits = [op for op in cuts if not op.outputs and op.index < cp.op_index]
-        on_path = [op for op in exits if any(
-            e is not None and e.index == op.index for e in (exit_before(trace, f) for f in trace.ops[:cp.op_index]
-                                                             if not f.inputs and any(t in roots for t in f.outputs)))]
+        # A tensor rebuilt from Python numbers (`torch.tensor([l1.item(), l2.item()])`) comes from every
+        # number taken out on the line where the last one was.
+        exits = [(op, cut) for op, cut in stops if not op.outputs]
+        rebuilt = {(e.location.filename, e.location.function, e.location.line)
+                   for e in (exit_before(trace, f) for f in trace.ops[:cp.op_index]
+                             if not f.inputs and any(t in roots for t in f.outputs)) if e is not None}
+        on_path = [(op, cut) for op, cut in exits if op.location is not None and
+                   (op.location.filename, op.location.function, op.location.line) in rebuilt]
     if not on_path:
-        return None, ""
-    cut = on_path[0]
-    return cut, _why_cut(cut)
+        return None, "", ""
+    cut, outputs = on_path[0]
+    call = calls.enclosing(cut)
+    if call is not None:
+        why = ("`%s` runs its forward with grad off, as every custom autograd.Function does, and none of the tensors "
+               "passed to it requires grad, so what it returns has no history: the parameters used inside it get no "
+               "gradient" % call.name)
+        advice = ("pass it at least one tensor that requires grad, or, for `torch.utils.checkpoint.checkpoint`, "
+                  "use `use_reentrant=False`, which records the checkpointed function's graph as it runs")
+        return call, why, advice
+    if outputs and not all(_is_integral(trace, t) for t in outputs):
+        return cut, _why_cut(cut), ("keep the forward differentiable from it to the loss at that line: use the tensor "
+                                    "itself instead of `.detach()` or `.data`, and torch operations instead of a NumPy "
+                                    "round trip")
+    if outputs:
+        kept = [t for t in cut.outputs if t not in outputs]
+        why = ("the %s that `%s` returns%s carries no gradient (an integer or boolean tensor: indices, a comparison, "
+               "a cast)" % ("indices" if kept else "result", cut.name, ", unlike its values," if kept else ""))
+        advice = ("an index, a comparison or an integer cast has no gradient, so what is computed from it cannot train "
+                  "what came before: go through a differentiable path instead (the values rather than the indices, a "
+                  "softmax over the scores, `F.gumbel_softmax`, or a straight-through estimator)")
+        return cut, why, advice
+    return cut, _why_cut(cut), ("compute the loss from the tensor itself, with torch operations, without a round "
+                                "trip through Python numbers or NumPy")
+
+
+def _is_integral(trace: Trace, tid: int) -> bool:
+    info = trace.tensors.get(tid)
+    return info is not None and (info.dtype.startswith(("int", "uint")) or info.dtype == "bool")
+
+
+def _forward_use(trace: Trace, tid: int, calls: FunctionCalls) -> Optional[OpRecord]:
+    """The first op that used `tid` in a forward pass: took it as an input with grad on (or inside a
+    custom Function's forward, called with grad on), without writing it (an initialisation, an
+    update)."""
+    for op in trace.ops:
+        if tid in op.inputs and not op.is_backward and tid not in op.writes and calls.grad_enabled(op):
+            return op
+    return None
 
 
 def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis]:
-    """A parameter that an optimizer in the block holds, or whose model got gradients for its other
-    parameters, used in the forward but reached by no backward, because the chain to the loss
-    was cut. Unused and frozen parameters are information, not problems."""
+    """A parameter meant to be trained (an optimizer in the block holds it, or its model got
+    gradients for its other parameters) that requires grad, was used in the forward of a block that
+    backpropagates, and got no gradient: named with the op where its chain to the loss stopped
+    requiring grad. Unused and frozen parameters are information, not problems."""
     runs = _ran_backward(trace)
     if not runs:
         return []
@@ -511,6 +579,7 @@ def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis
     trained_owners = {trace.tensors[t].owner for t in got if t in trace.tensors and trace.tensors[t].owner}
     out, unused, frozen = [], [], []
     checkpoints = _backward_checkpoints(trace)
+    calls = FunctionCalls(trace)
     for info in trace.tensors.values():
         if not info.is_leaf or (info.owner is None and not info.optimized) or info.tid in got:
             continue
@@ -520,14 +589,14 @@ def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis
             continue
         if not (info.optimized or info.owner in trained_owners):
             continue
-        use = first_use(trace, info.tid)
+        use = _forward_use(trace, info.tid, calls)
         if use is None or not any(run.index > use.index for run in runs):
             unused.append(info.name or trace.tensor_label(info.tid))
             continue
         cut = None
         for cp in checkpoints:
             if cp.op_index > use.index and trace.ops[cp.op_index].error is None:
-                cut, why = _path_cut(trace, info.tid, cp)
+                cut, why, advice = _path_cut(trace, info.tid, cp, calls, use)
                 if cut is not None:
                     break
         if cut is None:
@@ -540,9 +609,8 @@ def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis
                    "the loss (%s). Its `.grad` stays None and the optimizer skips it, silently." % (
                        name, "is held by an optimizer" if info.optimized else "belongs to `%s`, whose other "
                        "parameters get gradients" % info.owner, where(cut), why))
-        fix = ("%s keep the forward differentiable from `%s` to the loss at that line: use the tensor itself "
-               "instead of `.detach()` or `.data`, and torch operations instead of a NumPy round trip. If it should "
-               "not be trained, freeze it on purpose (`requires_grad_(False)`)." % (NO_ONE_LINE_FIX, name))
+        fix = ("%s %s, so that `%s` gets a gradient. If it should not be trained, freeze it on purpose "
+               "(`requires_grad_(False)`)." % (NO_ONE_LINE_FIX, advice, name))
         out.append(_diag("missing-grad", cut, message, fix, tensor=name, tids=(info.tid,)))
     out = _one_per_cut(out)
     if unused:

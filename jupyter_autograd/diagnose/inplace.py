@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 from typing import Dict, List, Optional, Tuple
 
-from ..fixes import (NO_ONE_LINE_FIX, accumulation_fix, backward_outcome, code, data_fix, describe_write,
+from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, backward_outcome, code, data_fix, describe_write,
                      inplace_fix, leaf_fix, line_ref, where)
 from ..model import Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
 from .paths import engine_order, reachable
@@ -221,69 +221,345 @@ def _backward_failed(trace: Trace, cp: Checkpoint) -> bool:
 # -- accumulated-graph ---------------------------------------------------------------------------
 
 def _accumulated_graphs(trace: Trace) -> List[Diagnosis]:
-    """A line that, again and again, links a graph some backward already consumed into a tensor
-    that chains the previous links and that no backward consumes: `total_loss += loss`. Found in
-    the op stream when it happens, so it is seen inside a function whose tensor is gone by the
-    end. Sharing leaves with a consumed graph (a validation pass) is not accumulation, and
-    neither is a retained graph that a later backward consumes (two losses on one trunk)."""
+    """A tensor still alive at some point, kept by anything, whose history chains graphs that a
+    backward already ran, more of them with every iteration. Two ways to keep them:
+
+    * linked: ops that no backward runs (a side chain: `total_loss += loss`, an AverageMeter's
+      `self.sum += val * n`, an average kept as a tensor, a dict of running sums) link each
+      iteration's backpropagated graph to what they made before: their latest result holds the
+      graphs of more iterations than their first, and they ran in more than one iteration;
+    * kept apart: each iteration's tensor outlives its backward whole (losses appended to a list on
+      a helper object): at later backward calls, the tensors of more and more earlier iterations
+      are still alive (the capture's weak references say so, whatever holds them).
+
+    An iteration is a training step: the ops between two updates of a leaf that requires grad (an
+    optimizer step, an update by hand, after a backward call) or, in a block that updates none,
+    between two backward calls. What one step keeps (micro-batch losses summed for logging, reset
+    every step), and a bounded number of graphs (the previous step's loss), do not grow: not this."""
+    chains = _SideChains(trace)
+    found = {}
+    for chain in chains.growing():
+        diag = _linked_diagnosis(trace, chains, chain)
+        key = (diag.filename, diag.line)
+        if key in found:
+            found[key].tids = tuple(dict.fromkeys(found[key].tids + diag.tids))
+        else:
+            found[key] = diag
+    kept = _kept_apart(trace, chains)
+    if kept is not None and (kept.filename, kept.line) not in found:
+        found[(kept.filename, kept.line)] = kept
+    return list(found.values())
+
+
+class _SideChains:
+    """One walk of the ops in order: the training step of each op, and the side chains, with the
+    steps whose backpropagated graphs each of their tensors holds (bit s of an int for step s,
+    counted in updates and in backward calls: which one is the step is known at the end)."""
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        nodes, ops, tensors = trace.nodes, trace.ops, trace.tensors
+        self.consumed = {k for k, n in nodes.items() if k >= 0 and n.consumed_by}
+        self.updates: List[int] = []     # op indices of updates of trained leaves
+        self.backwards: List[int] = []   # op indices of backward calls
+        self.written: Dict[int, OpRecord] = {}  # tid -> the op with a node that last wrote it in place
+        self.held: Dict[int, tuple] = {}  # tid -> (steps in updates, in backward calls, chain) of side chains
+        self.parent: List[int] = []      # chains, merged where one op extends two
+        self.first: List[tuple] = []     # per chain: (op index, step u, step b, bits u, bits b) of its first op
+        self.last: List[tuple] = []      # ... of its latest op
+        self.link: List[Optional[tuple]] = []  # per chain: (op, tid) where it last linked a backpropagated graph
+        self.grew: List[list] = []       # per chain: [op, op] that last took in more steps (in updates, in backward calls)
+        consumed, held, written = self.consumed, self.held, self.written
+        trained = {}
+        for op in ops:
+            if op.is_backward:
+                self.backwards.append(op.index)
+                continue
+            # An update needs a gradient: writes before the first backward call initialise.
+            if op.writes and op.error is None and self.backwards and any(
+                    trained[t] if t in trained else trained.setdefault(t, _trains(trace, t)) for t in op.writes):
+                self.updates.append(op.index)
+            key = op.node
+            if key is None or op.error is not None:
+                continue
+            if key in consumed or not op.outputs:  # run by a backward (a folded op's were, by a freeing one)
+                for t in op.writes:
+                    written[t] = op
+                    held.pop(t, None)
+                continue
+            bits_u = bits_b = 0
+            chain, linked, extended = None, None, []
+            for t in op.inputs:
+                entry = held.get(t)
+                if entry is not None:
+                    bits_u |= entry[0]
+                    bits_b |= entry[1]
+                    chain = entry[2] if chain is None else self._merge(chain, entry[2])
+                    extended.append(entry)
+                    continue
+                maker = written.get(t)
+                if maker is None:
+                    info = tensors.get(t)
+                    maker = ops[info.created_by] if info is not None and info.created_by is not None else None
+                if maker is not None and maker.node is not None and (maker.node in consumed or not maker.outputs):
+                    bits_u |= 1 << bisect.bisect_right(self.updates, maker.index)
+                    bits_b |= 1 << bisect.bisect_right(self.backwards, maker.index)
+                    linked = t
+            for t in op.writes:
+                written[t] = op
+            if not bits_u:
+                for t in op.outputs:
+                    held.pop(t, None)
+                continue
+            version = (op.index, len(self.updates), len(self.backwards), bits_u, bits_b)
+            if chain is None:
+                chain = len(self.parent)
+                self.parent.append(chain)
+                self.first.append(version)
+                self.last.append(version)
+                self.link.append(None)
+                self.grew.append([None, None])
+            else:
+                chain = self._root(chain)
+                self.last[chain] = version
+                # Where it took in more steps than any chain it extends held: the accumulation itself
+                # (`self.sum += val * n`), not a later read of it (`self.sum / self.count`).
+                if all(bits_u != e[0] for e in extended):
+                    self.grew[chain][0] = op
+                if all(bits_b != e[1] for e in extended):
+                    self.grew[chain][1] = op
+            if linked is not None:
+                self.link[chain] = (op, linked)
+            entry = (bits_u, bits_b, chain)
+            for t in op.outputs:
+                held[t] = entry
+        self.by_updates = bool(self.updates)
+
+    def _root(self, chain: int) -> int:
+        parent = self.parent
+        while parent[chain] != chain:
+            parent[chain] = parent[parent[chain]]
+            chain = parent[chain]
+        return chain
+
+    def _merge(self, a: int, b: int) -> int:
+        a, b = self._root(a), self._root(b)
+        if a != b:
+            keep, gone = (a, b) if self.first[a][0] <= self.first[b][0] else (b, a)
+            self.parent[gone] = keep
+            if self.last[gone][0] > self.last[keep][0]:
+                self.last[keep] = self.last[gone]
+            link_gone, link_keep = self.link[gone], self.link[keep]
+            if link_gone is not None and (link_keep is None or link_gone[0].index > link_keep[0].index):
+                self.link[keep] = link_gone
+            for unit in (0, 1):
+                grew_gone, grew_keep = self.grew[gone][unit], self.grew[keep][unit]
+                if grew_gone is not None and (grew_keep is None or grew_gone.index > grew_keep.index):
+                    self.grew[keep][unit] = grew_gone
+            a = keep
+        return a
+
+    def steps(self, version: tuple) -> Tuple[int, int]:
+        """(the step its op ran in, the number of steps whose graphs it holds)."""
+        if self.by_updates:
+            return version[1], version[3].bit_count()
+        return version[2], version[4].bit_count()
+
+    def step_of(self, op_index: int) -> int:
+        """The step op `op_index` ran in: the updates (or backward calls) before it."""
+        return bisect.bisect_left(self.updates if self.by_updates else self.backwards, op_index)
+
+    def bits(self, entry: tuple) -> int:
+        return entry[0] if self.by_updates else entry[1]
+
+    def growing(self) -> List[int]:
+        """The chains whose ops ran in several steps and whose latest result holds the graphs of more
+        steps (two at least) than their first."""
+        out = []
+        for chain, parent in enumerate(self.parent):
+            if parent != chain:
+                continue
+            (first_step, first_held), (last_step, last_held) = self.steps(self.first[chain]), self.steps(self.last[chain])
+            if last_step > first_step and last_held > first_held and last_held >= 2:
+                out.append(chain)
+        self.flagged = set(out)
+        return out
+
+    def in_flagged(self, t_id: int) -> bool:
+        entry = self.held.get(t_id)
+        return entry is not None and self._root(entry[2]) in self.flagged
+
+
+def _trains(trace: Trace, t_id: int) -> bool:
+    """Whether a write to this tensor updates a leaf that requires grad (itself, or what it views or
+    aliases through `.data`): a training step."""
+    root = t_id
+    seen = set()
+    while root is not None and root not in seen:
+        seen.add(root)
+        info = trace.tensors.get(root)
+        if info is None:
+            return False
+        following = info.base if info.base is not None else info.data_alias_of
+        if following is None:
+            return info.is_leaf and info.first_requires_grad
+        root = following
+    return False
+
+
+def _linked_diagnosis(trace: Trace, chains: _SideChains, chain: int) -> Diagnosis:
     nodes = trace.nodes
-    consumed_at = {k: min(n.consumed_by) for k, n in nodes.items() if n.consumed_by and n.variable is None}
-    if not consumed_at:
-        return []
-    consumed = set(consumed_at)
-    current: Dict[int, int] = {}        # tid -> key of its grad_fn now, as the ops run
-    links: Dict[object, list] = {}       # location -> [(op, linked tid, consumed key)]
-    made_at: Dict[int, tuple] = {}       # tid -> (line id, execution) of the op that made or wrote it
-    chained: Dict[int, int] = {}         # line id -> uses of what an earlier execution of the line made
-    # Lines as small ints: ops of one line share one Location object, and comparing ints is what
-    # makes this pass linear in practice (a dataclass __eq__ per input costs a long loop seconds).
-    line_ids: Dict[int, int] = {}
-    by_value: Dict[object, int] = {}
-    execution, previous = 0, None
-    for op in trace.ops:
-        loc = op.location
-        if op.is_backward or loc is None:
+    op = chains.grew[chain][0 if chains.by_updates else 1] or trace.ops[chains.last[chain][0]]
+    _, held = chains.steps(chains.last[chain])
+    link = chains.link[chain]
+    linked = link[1] if link is not None else None
+    name = _assigned_name(trace, op) or trace.tensor_label(op.outputs[0] if op.outputs else None)
+    linked_name = (trace.tensors[linked].name if linked in trace.tensors and trace.tensors[linked].name
+                   else "the loss")
+    message = (
+        "`%s` holds the autograd graphs of %d iterations that were already backpropagated: %s adds "
+        "`%s`, a tensor still attached to its graph, so each iteration's whole graph stays linked into `%s`. "
+        "Nothing will ever backpropagate through them, but none can be freed, so memory grows with every "
+        "iteration." % (name, held, where(op), linked_name, name))
+    source = op.location.source if op.location else ""
+    fix = accumulation_fix(source, linked_name, linked_name != "the loss")
+    if REPLACE not in fix:
+        detached = _detached_value(source)
+        if detached:
+            fix = ("Keep the accumulated value without the graphs it links. %s\n%s\n"
+                   "(or accumulate a Python number, `.item()`, if nothing reads it as a tensor)."
+                   % (REPLACE, code(detached)))
+    diag = _diag(trace, "accumulated-graph", op, message, fix, tensor=name,
+                 tids=tuple(t for t in (op.outputs[:1] + (linked,)) if t is not None))
+    diag.node_key, diag.node = op.node, nodes[op.node].name if op.node in nodes else None
+    return diag
+
+
+def _detached_value(source: str) -> Optional[str]:
+    """`self.sum += val * n` -> `self.sum += (val * n).detach()`: what a side chain assigns, without
+    the graphs it links (no backward runs through it, so no gradient changes)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1:
+        return None
+    stmt = tree.body[0]
+    if not (isinstance(stmt, ast.AugAssign) or (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1)):
+        return None
+    if isinstance(stmt.value, ast.Constant):
+        return None
+    stmt.value = ast.Call(func=ast.Attribute(value=stmt.value, attr="detach", ctx=ast.Load()), args=[], keywords=[])
+    return ast.unparse(stmt)
+
+
+def _kept_apart(trace: Trace, chains: _SideChains) -> Optional[Diagnosis]:
+    """Tensors each holding a backpropagated graph, kept past later backward calls (trace.kept), made
+    again and again by the same code: at each backward call (and at the end), the steps before the
+    current one whose graphs the kept tensors of one line still hold. Growing: the most ever held, two
+    at least, is more than the most held by the time half as many steps had run. Tensors of
+    different lines kept side by side (the variables of a program without a loop) are not
+    iterations. A tensor whose graph later backward calls run again is a carried state
+    (_retained_history); a side chain already said is not said twice."""
+    if not trace.kept:
+        return None
+    ops, nodes, tensors = trace.ops, trace.nodes, trace.tensors
+    points = chains.backwards + [len(ops)]
+    if len(points) < 3:
+        return None
+    at = {p: i for i, p in enumerate(points)}
+    current = [chains.step_of(p) for p in chains.backwards]
+    current.append(current[-1])  # at the end: the step of the last backward
+    by_line: Dict[object, List[tuple]] = {}  # the line that made them -> [(tid, first point, last point, steps held)]
+    makers: Dict[int, OpRecord] = {}
+    for t_id, (first, last) in trace.kept.items():
+        if first not in at or last not in at or chains.in_flagged(t_id):
             continue
-        lid = line_ids.get(id(loc))
-        if lid is None:
-            lid = line_ids[id(loc)] = by_value.setdefault(loc, len(by_value))
-        if lid != previous:  # consecutive ops of one line are one execution of it
-            execution, previous = execution + 1, lid
-        # The accumulator: what an earlier execution of this line made, itself never backpropagated
-        # (a carried state that each backward consumes is another story: graph-freed).
-        for t in op.inputs:
-            made = made_at.get(t)
-            if made is not None and made[0] == lid and made[1] < execution and current.get(t) not in consumed:
-                chained[lid] = chained.get(lid, 0) + 1
-                break
-        if op.node is not None and op.node not in consumed:
-            for t_id in op.inputs:
-                key = current.get(t_id)
-                if key is not None and key in consumed_at and consumed_at[key] < op.index:
-                    links.setdefault(loc, []).append((op, t_id, key))
-                    break
-        for t_id in op.outputs + op.writes:
-            made_at[t_id] = (lid, execution)
-            if op.node is not None:
-                current[t_id] = op.node
+        entry = chains.held.get(t_id)
+        maker = chains.written.get(t_id)
+        if maker is None:
+            info = tensors.get(t_id)
+            maker = ops[info.created_by] if info is not None and info.created_by is not None else None
+        if entry is not None:
+            bits = chains.bits(entry)
+        elif maker is not None and maker.node in chains.consumed and len(nodes[maker.node].consumed_by) < 2:
+            bits = 1 << chains.step_of(nodes[maker.node].consumed_by[0])  # the step whose backward ran it
+        elif maker is not None and maker.node is not None and not maker.outputs:
+            bits = 1 << chains.step_of(maker.index)  # folded: a freeing backward ran it, in its step
+        else:
+            continue
+        makers[t_id] = maker
+        by_line.setdefault(maker.location, []).append((t_id, at[first], at[last], bits))
+    best = None
+    for kept in by_line.values():
+        spans = _held_steps(kept, current)
+        peak = max(spans)
+        i = max(j for j, span in enumerate(spans) if span == peak)
+        before = max((span for span, step in zip(spans, current) if step <= current[i] // 2), default=0)
+        # Of lines that grow alike, the last one's tensors: a kept tensor keeps its history alive (the
+        # activations its graph saved), not the other way round.
+        rank = (peak, max(makers[t_id].index for t_id, *_ in kept))
+        if peak >= 2 and peak > before and (best is None or rank > best[0]):
+            best = (rank, i, kept)
+    if best is None:
+        return None
+    (peak, _), i, kept = best
+    group = [t_id for t_id, first, last, bits in kept if first <= i <= last and bits & ((1 << current[i]) - 1)]
+    t_id = max(group, key=lambda t: makers[t].index)
+    op = makers[t_id]
+    name = tensors[t_id].name or _assigned_name(trace, op) or trace.tensor_label(t_id)
+    point = points[i]
+    moment = "the end of the block" if point == len(ops) else "the backward call on " + line_ref(ops[point])
+    message = (
+        "`%s`, made %s, is kept alive past its iteration: at %s, the `%s` of %d earlier iterations were "
+        "still alive, each still attached to the graph that a backward already ran. Something holds them (a "
+        "list, an attribute, a helper object); nothing will backpropagate through those graphs again, but none "
+        "can be freed, so memory grows with every iteration." % (
+            name, where(op).replace("Line", "on line", 1), moment, name, peak))
+    if all(part.isidentifier() for part in name.split(".")):
+        fix = ("%s wherever `%s` is kept past its iteration (appended to a list, stored on an object, passed to a "
+               "meter or a logger), keep `%s.item()` (a Python number) or `%s.detach()` instead of the tensor."
+               % (NO_ONE_LINE_FIX, name, name, name))
+    else:
+        fix = ("%s wherever this tensor is kept past its iteration (appended to a list, stored on an object, passed "
+               "to a meter or a logger), keep its `.item()` (a Python number) or its `.detach()` instead."
+               % NO_ONE_LINE_FIX)
+    diag = _diag(trace, "accumulated-graph", op, message, fix, tensor=name, tids=tuple(group))
+    if op.node in nodes:
+        diag.node_key, diag.node = op.node, nodes[op.node].name
+    return diag
+
+
+def _held_steps(kept: List[tuple], current: List[int]) -> List[int]:
+    """Per point, how many steps before the current one the kept tensors alive there hold graphs of."""
+    starts: Dict[int, List[int]] = {}
+    ends: Dict[int, List[int]] = {}
+    for _, first, last, bits in kept:
+        steps = _bit_positions(bits)
+        starts.setdefault(first, []).extend(steps)
+        ends.setdefault(last, []).extend(steps)
+    active: Dict[int, int] = {}  # step -> how many kept tensors alive now hold its graph
+    spans = []
+    for i, now in enumerate(current):
+        for step in starts.get(i, ()):
+            active[step] = active.get(step, 0) + 1
+        # Kept tensors are older than the point: only the current step's can be among them.
+        spans.append(len(active) - (now in active))
+        for step in ends.get(i, ()):
+            active[step] -= 1
+            if not active[step]:
+                del active[step]
+    return spans
+
+
+def _bit_positions(bits: int) -> List[int]:
     out = []
-    for loc, found in links.items():
-        runs = {consumed_at[key] for _, _, key in found}
-        if chained.get(by_value[loc], 0) < 1 or len(runs) < 2:
-            continue
-        op, linked, key = found[-1]
-        name = _assigned_name(trace, op) or trace.tensor_label(op.outputs[0] if op.outputs else None)
-        linked_name = trace.tensors[linked].name if linked in trace.tensors and trace.tensors[linked].name else "the loss"
-        message = (
-            "`%s` holds the autograd graphs of %d iterations that were already backpropagated: %s adds "
-            "`%s`, a tensor still attached to its graph, so each iteration's whole graph stays linked into `%s`. "
-            "Nothing will ever backpropagate through them, but none can be freed, so memory grows with every "
-            "iteration." % (name, len(runs), where(op), linked_name, name))
-        fix = accumulation_fix(op.location.source if op.location else "", linked_name, linked_name != "the loss")
-        diag = _diag(trace, "accumulated-graph", op, message, fix, tensor=name,
-                     tids=tuple(t for t in (op.outputs[:1] + (linked,)) if t is not None))
-        diag.node_key, diag.node = op.node, nodes[op.node].name if op.node in nodes else None
-        out.append(diag)
+    while bits:
+        low = bits & -bits
+        out.append(low.bit_length() - 1)
+        bits ^= low
     return out
 
 
@@ -349,7 +625,8 @@ def _retained_history(trace: Trace) -> List[Diagnosis]:
 
 
 def _assigned_name(trace: Trace, op: OpRecord) -> Optional[str]:
-    """The name a line assigns to (`running_loss += loss` -> running_loss), from its source."""
+    """The name a line assigns to (`running_loss += loss` -> running_loss; `sums[k] = ...` ->
+    sums[k]), from its source."""
     import ast
 
     text = op.location.source if op.location else ""
@@ -358,7 +635,7 @@ def _assigned_name(trace: Trace, op: OpRecord) -> Optional[str]:
     except (SyntaxError, IndexError):
         return None
     target = getattr(stmt, "target", None) or (stmt.targets[0] if isinstance(stmt, ast.Assign) else None)
-    return ast.unparse(target) if isinstance(target, (ast.Name, ast.Attribute)) else None
+    return ast.unparse(target) if isinstance(target, (ast.Name, ast.Attribute, ast.Subscript)) else None
 
 
 # -- wording -----------------------------------------------------------------------------------

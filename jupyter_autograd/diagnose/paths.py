@@ -3,6 +3,7 @@ nodes, the grad_fn a tensor had at a given op, and where a chain of tensors stop
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
@@ -196,3 +197,54 @@ def _placed(op: OpRecord, call: ModuleCall) -> OpRecord:
     moved = OpRecord(**{name: getattr(op, name) for name in OpRecord.__slots__})
     moved.location = call.location
     return moved
+
+
+def cut_outputs(trace: Trace, op: OpRecord) -> Tuple[int, ...]:
+    """The results of `op` on which a chain stopped requiring grad: it took a tensor that requires
+    grad and gave back these without. All of them for `.detach()`, argmax, a comparison, an integer
+    cast or an op under no_grad; only the indices of `torch.max(y, 1)`, whose values keep theirs."""
+    if op.error or op.is_backward or not any(requires_grad(trace, t) for t in op.inputs):
+        return ()
+    return tuple(t for t in op.outputs if not requires_grad(trace, t))
+
+
+class FunctionCalls:
+    """The calls of custom autograd.Functions (trace.function_calls): their forward runs with grad
+    off because the call runs it, so an op in there ran in the grad mode of the call, as the user's
+    code sees it (a parameter used inside `checkpoint(block, x)` is used with grad on)."""
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.spans = sorted(trace.function_calls)
+        self.firsts = [first for first, _ in self.spans]
+
+    def enclosing(self, op: OpRecord) -> Optional[OpRecord]:
+        """The outermost call whose forward ran `op`, if it ran with grad on and `op` with grad off."""
+        if op.grad_enabled or not self.spans:
+            return None
+        ops = self.trace.ops
+        outer = None
+        for i in range(bisect.bisect_right(self.firsts, op.index) - 1, -1, -1):
+            first, call = self.spans[i]
+            if first <= op.index < call and call < len(ops) and ops[call].grad_enabled:
+                outer = ops[call]
+        return outer
+
+    def grad_enabled(self, op: OpRecord) -> bool:
+        return op.grad_enabled or self.enclosing(op) is not None
+
+
+def stops_after(trace: Trace, tid: int, after: int, before: int) -> Tuple[Set[int], List[Tuple[OpRecord, Tuple[int, ...]]]]:
+    """Tensors computed from `tid` by ops in (after, before), and the ops met on the way where the chain
+    stopped requiring grad, with the results on which it did (an op that turned tensors into Python
+    values has none: it is listed with ())."""
+    found, stops = {tid}, []
+    for op in trace.ops[after + 1:before]:
+        if op.is_backward or not any(t in found for t in op.inputs):
+            continue
+        cut = cut_outputs(trace, op)
+        if cut or (not op.outputs and is_cut(trace, op)):
+            stops.append((op, cut))
+        found.update(op.outputs)
+        found.update(op.writes)
+    return found, stops
