@@ -16,8 +16,9 @@ from ..model import (FREEZE_SETTER, Checkpoint, GraphNode, Location, ModuleCall,
                      Trace)
 from . import graph as graph_snapshot
 from . import nan_watch
-from .recorder import (_BACKWARD_FUNCS, _DATA_GETTER, _REQUIRES_GRAD_SETTER, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD,
-                       OP_IN, OP_LINE, OP_OUT, OP_VA, OP_VB, OP_WR, TENSOR, call_columns, value_kind)
+from . import distributed
+from .recorder import (_BACKWARD_FUNCS, _DATA_GETTER, _REQUIRES_GRAD_SETTER, _USER, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD,
+                       OP_IN, OP_LINE, OP_OUT, OP_VA, OP_VB, OP_WR, TENSOR, _frame_kind, call_columns, value_kind)
 
 _op_names = {}
 
@@ -99,6 +100,7 @@ def freeze(recorder, namespaces: Iterable[dict]):
         names.setdefault(t_id, dotted)
         recorder.param_owner[t_id] = owner
     _name_module_paths(recorder, module_names)
+    distributed.freeze(recorder, module_names, names)
     recorder.user_globals = {}  # never hold the user's namespaces (or modules) past the block
     recorder.modules = {}
     recorder.nonfinite = {}
@@ -225,7 +227,21 @@ def _name_module_paths(recorder, module_names):
     recorder.open_calls = []
 
 
-def build_trace(recorder, live, names, error: Optional[str] = None) -> Trace:
+def raised_at(exc) -> Optional[Tuple[str, int, str]]:
+    """(filename, line, function) of the innermost frame of the user's code in an exception's
+    traceback: the line whose call raised it (`out = ddp(x)`), or the line of a hook or a custom
+    Function's backward that backward() ran. None when no user frame is in it."""
+    found = None
+    tb = getattr(exc, "__traceback__", None)
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if _frame_kind(code.co_filename) == _USER:
+            found = (code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    return found
+
+
+def build_trace(recorder, live, names, error: Optional[str] = None, error_at=None) -> Trace:
     # Tens of thousands of small objects, none of them in a cycle: the cyclic GC would rescan
     # the growing heap again and again while they are made (3x the build time).
     enabled = gc.isenabled()
@@ -234,6 +250,9 @@ def build_trace(recorder, live, names, error: Optional[str] = None) -> Trace:
         trace = Trace()
         trace.error = error
         locations = _locations(recorder, trace)
+        if error_at is not None:
+            trace.error_location = _location(trace, *error_at)
+        trace.distributed = distributed.models_of(recorder)
         _tensors(recorder, trace, live, names)
         _ops(recorder, trace, locations)
         _calls(recorder, trace)
@@ -260,6 +279,12 @@ def _locations(recorder, trace) -> Dict[tuple, Location]:
         text = _without_comment(trace.source_line(filename, line)).strip()
         cache[(id(code), line)] = Location(filename, line, code.co_name, text)
     return cache
+
+
+def _location(trace, filename, line, function) -> Location:
+    if filename not in trace.sources:
+        trace.sources[filename] = list(linecache.getlines(filename))
+    return Location(filename, line, function, _without_comment(trace.source_line(filename, line)).strip())
 
 
 def _calls(recorder, trace):
