@@ -648,7 +648,11 @@ def _assignment_targets(trace) -> Dict[int, str]:
         if text not in parsed:
             parsed[text] = _read_statement(text)
         target, callee, operands = parsed[text]
-        if isinstance(target, tuple):  # `out, self.hidden = self.rnn(x, self.hidden)`: one name per output
+        if isinstance(target, _LoopTarget):  # `for row in h.unbind(0):`: each element goes by the loop's name
+            if not op.is_backward:
+                for tid in op.outputs:
+                    give(tid, target.name, text)
+        elif isinstance(target, tuple):  # `out, self.hidden = self.rnn(x, self.hidden)`: one name per output
             if len(target) == len(op.outputs) and not op.is_backward:
                 for tid, name in zip(op.outputs, target):
                     if name:
@@ -707,8 +711,23 @@ def _call_target(line: str, columns) -> Optional[object]:
     return _dotted(targets[0]) or _dotted_tuple(targets[0])
 
 
+class _LoopTarget(str):
+    """The name a `for` line gives, in turn, to each element of what it iterates."""
+
+    @property
+    def name(self) -> str:
+        return str(self)
+
+
 def _read_statement(text: str):
     """(assigned name or None, name of its one operation or None, operand names or None)."""
+    if text.startswith("for ") and text.endswith(":"):
+        try:
+            loop = ast.parse(text + " pass").body[0]
+        except SyntaxError:
+            return None, None, None
+        name = _dotted(loop.target) if isinstance(loop, ast.For) else None
+        return (_LoopTarget(name) if name else None), None, None
     try:
         tree = ast.parse(text)
     except SyntaxError:
