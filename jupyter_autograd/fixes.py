@@ -418,7 +418,8 @@ def view_write_fix(src: str, name: Optional[str], base: Optional[str], how: str)
         after = ("Or take the view outside `%s`, so that the write is recorded, or make the write inside it too, "
                  "so that it is not." % mode)
     rewritten = out_of_place(src) or copy_before_write(src)
-    if rewritten:
+    # Only a rewrite that rebinds the view itself (`q = q * s`), not what holds it (`parts[0]` in a list).
+    if rewritten and shown and rewritten.partition(" = ")[0] == shown:
         return "Write to a new tensor instead of the view. %s\n%s\n%s" % (REPLACE, code(rewritten), after)
     return ("%s replace the in-place operation on %s by its out-of-place form (`y = y * 2` rather than `y *= 2`), "
             "or change a copy (`.clone()`). %s" % (NO_ONE_LINE_FIX, "`%s`" % shown if shown else "the view", after))
@@ -443,8 +444,8 @@ def nonleaf_requires_grad_fix(src: str, name: Optional[str]) -> str:
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Attribute) \
             and stmt.targets[0].attr == "requires_grad" and isinstance(stmt.value, ast.Constant):
         target, flag = stmt.targets[0].value, bool(stmt.value.value)
-    elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Attribute) \
-            and stmt.value.func.attr == "requires_grad_":
+    elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
+            and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr == "requires_grad_":
         call = stmt.value
         given = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "requires_grad"), None)
         if given is None or isinstance(given, ast.Constant):

@@ -10,6 +10,7 @@ ends, while the modules it called are still held.
 from __future__ import annotations
 
 import ast
+import functools
 import linecache
 import sys
 import weakref
@@ -43,6 +44,10 @@ def _noting_init(self, *args, **kwargs):
                            _reducer_parameters(recorder, self))
     except Exception as exc:  # never let the tool break the user's call
         recorder._fail(exc)
+
+
+if _DDP is not None:  # its signature stays the original's (inspect.signature follows __wrapped__)
+    functools.update_wrapper(_noting_init, _original_init)
 
 
 def install():

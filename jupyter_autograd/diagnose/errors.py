@@ -11,11 +11,12 @@ forward line of the node it names and the tensor's name.
 """
 from __future__ import annotations
 
+import ast
 import re
 from typing import Iterable, List, Optional, Tuple
 
 from .. import fixes
-from ..fixes import NO_ONE_LINE_FIX, line_ref, where
+from ..fixes import line_ref, where
 from ..model import Checkpoint, Diagnosis, DistributedModel, Location, OpRecord, Trace
 from .paths import at_maker, engine_order
 
@@ -29,8 +30,9 @@ _INFERENCE_SAVED = "Inference tensors cannot be saved for backward"
 _NONLEAF_FLAG = "you can only change requires_grad flags of leaf variables"
 _NONSCALAR = "grad can be implicitly created only for scalar outputs"
 _NO_DERIVATIVE = re.compile(r"derivative for '?(?:aten::)?([\w.]+?)'? is not implemented")
-_INVALID_GRADIENT = re.compile(r"[Ff]unction (\w+) returned an (?:invalid gradient at index (\d+)|incorrect number of "
-                               r"gradients \(expected (\d+), got (\d+)\))")
+_INVALID_GRADIENT = re.compile(r"[Ff]unction (\w+) returned (?:an invalid gradient at index (\d+)|an incorrect number "
+                               r"of gradients \(expected (\d+), got (\d+)\)|a gradient different than None at "
+                               r"position (\d+))")
 _EXPECTED_SHAPE = re.compile(r"got \[([\d, ]*)\] but expected shape compatible with \[([\d, ]*)\]")
 _UNFINISHED_REDUCTION = "Expected to have finished reduction in the prior iteration"
 _UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
@@ -128,7 +130,7 @@ def view_inplace(trace: Trace) -> List[Diagnosis]:
             continue
         written = _written_view(trace, op)
         made, how = _view_origin(trace, written, op.error)
-        name = _name(trace, written)
+        name = _element_name(made, written) or _name(trace, written)
         info = trace.tensors.get(written) if written is not None else None
         base = _name(trace, info.base) if info is not None and info.base is not None else None
         shown = _shown(name) if name else "the tensor it writes"
@@ -152,6 +154,22 @@ def view_inplace(trace: Trace) -> List[Diagnosis]:
         diag = _diagnosis("view-inplace", op.location, message, fix, tensor=name, tids=(written,), op=op)
         out.append(_saved_at(diag, made))
     return out
+
+
+def _element_name(made: Optional[OpRecord], tid: Optional[int]) -> Optional[str]:
+    """`parts[0]` for the first view of `parts = list(torch.split(h, 2))`: a line that gives one name
+    to the several views an op returned names the sequence that holds them, in their order."""
+    if made is None or len(made.outputs) < 2 or tid not in made.outputs or made.location is None:
+        return None
+    try:
+        tree = ast.parse(made.location.source)
+    except SyntaxError:
+        return None
+    stmt = tree.body[0] if len(tree.body) == 1 else None
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0],
+                                                                              (ast.Name, ast.Attribute)):
+        return "%s[%d]" % (ast.unparse(stmt.targets[0]), made.outputs.index(tid))
+    return None
 
 
 def _written_view(trace: Trace, op: OpRecord) -> Optional[int]:
@@ -353,10 +371,16 @@ def invalid_gradient(trace: Trace) -> List[Diagnosis]:
             tensor = _input_at(trace, applied, index, expected)
             name = _name(trace, tensor)
             what = ("`%s.backward` returned, for input %d of `%s.forward`%s, a gradient of shape %s, where that input "
-                    "has shape %s" % (function, index, function, " (`%s`)" % name if name else "",
+                    "has shape %s" % (function, index, function, " (%s)" % _shown(name) if name else "",
                                       _shape_text(got), _shape_text(expected))) if shapes else (
                 "`%s.backward` returned an invalid gradient for input %d of `%s.forward`%s"
-                % (function, index, function, " (`%s`)" % name if name else ""))
+                % (function, index, function, " (%s)" % _shown(name) if name else ""))
+        elif m.group(5) is not None:
+            tensor = _output_of(trace, applied)
+            name = _name(trace, tensor)
+            what = ("`%s.backward` returned a gradient for argument %s of `%s.forward` (after ctx), which is not a "
+                    "tensor: the gradient of an argument that is not a tensor must be None" % (function, m.group(5),
+                                                                                                function))
         else:
             tensor = _output_of(trace, applied)
             name = _name(trace, tensor)
@@ -427,10 +451,12 @@ def ddp_unused_parameters(trace: Trace) -> List[Diagnosis]:
 def _ddp_parameters(models: List[DistributedModel], indices: List[int], names: List[str]):
     """(the DDP model, the tids) that an error's indices or names point to; (None, []) if none fits."""
     for model in models:
+        # By index first: in the reducer's order, the model's (the names come in another).
+        if indices and all(i < len(model.parameters) for i in indices) and not (
+                names and not all(n in model.parameter_names for n in names)):
+            return model, [model.parameters[i] for i in indices]
         if names and all(n in model.parameter_names for n in names):
             return model, [model.parameters[model.parameter_names.index(n)] for n in names]
-        if indices and all(i < len(model.parameters) for i in indices):
-            return model, [model.parameters[i] for i in indices]
     return None, []
 
 

@@ -24,7 +24,8 @@ EXPLAINS = {
     "nonleaf-requires-grad": ("you can only change requires_grad flags of leaf variables",),
     "nonscalar-backward": ("grad can be implicitly created only for scalar outputs",),
     "not-differentiable": ("derivative for",),
-    "invalid-gradient": ("returned an invalid gradient at index", "returned an incorrect number of gradients"),
+    "invalid-gradient": ("returned an invalid gradient at index", "returned an incorrect number of gradients",
+                         "returned a gradient different than None at position"),
     "ddp-unused-parameters": ("Expected to have finished reduction in the prior iteration",),
     "ddp-ready-twice": ("Expected to mark a variable ready only once",),
     # The floor has no words of its own: it explains the very error it quotes (see exception_note).
