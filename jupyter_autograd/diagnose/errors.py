@@ -132,7 +132,8 @@ def view_inplace(trace: Trace) -> List[Diagnosis]:
         made, how = _view_origin(trace, written, op.error)
         name = _element_name(made, written) or _name(trace, written)
         info = trace.tensors.get(written) if written is not None else None
-        base = _name(trace, info.base) if info is not None and info.base is not None else None
+        # Only a name the user's code has: the memory a view shares may belong to a tensor made inside an op.
+        base = trace.tensors[info.base].name if info is not None and info.base in trace.tensors else None
         shown = _shown(name) if name else "the tensor it writes"
         made_at = " on %s" % line_ref(made) if made is not None else ""
         if how == "views":
@@ -582,19 +583,20 @@ def _floor(trace: Trace, op: OpRecord) -> Diagnosis:
     if named is not None:
         tensor = _output_of(trace, named)
         culprit, place = named, named.location
-        how = ("The error names %s, the node made by %s, which computes %s" % (
-            trace.nodes[key].name, where(named), _shown(_name(trace, tensor)) if tensor is not None else "its result"))
+        how = ("the error names %s, the node made by %s, which computes %s" % (
+            trace.nodes[key].name, line_ref(named), _shown(_name(trace, tensor)) if tensor is not None else
+            "its result"))
     elif raised_inside:
         tensor, culprit, place = root, None, at
-        how = ("It was raised by your code that backward ran, line %d in `%s()`%s: a hook or a custom Function's "
+        how = ("it was raised by your code that backward ran, line %d in `%s()`%s: a hook or a custom Function's "
                "backward" % (at.line, at.function, " (`%s`)" % at.source if at.source else ""))
     else:
         tensor = root
         culprit = _maker(trace, root)
         place = culprit.location if culprit is not None else op.location
-        how = ("It started from %s%s" % (_shown(_name(trace, root)) if root is not None else "its outputs",
+        how = ("it started from %s%s" % (_shown(_name(trace, root)) if root is not None else "its outputs",
                                         ", made on %s" % line_ref(culprit) if culprit is not None else ""))
-    message = "%s raised \"%s\". %s." % (where(op), _raised(op.error, whole=True), how)
+    message = "%s raised \"%s\": %s." % (where(op), _raised(op.error, whole=True), how)
     # The user's name, or none: a description would make a title of a sentence.
     name = trace.tensors[tensor].name if tensor in trace.tensors else None
     fix = fixes.backward_error_fix(name, place.line if place is not None else None, op.error)
