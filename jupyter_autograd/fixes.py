@@ -489,7 +489,8 @@ def _reduced(src: str, name: Optional[str]) -> Optional[str]:
     the keyword (the function's default is the mean), `loss = criterion(out, y).mean()`, or
     `(loss * w).mean().backward()` for a line that calls backward itself."""
     stmt = _single_statement(src)
-    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and ast.unparse(stmt.targets[0]) == name:
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and ast.unparse(stmt.targets[0]) == name \
+            and not isinstance(stmt.value, (ast.Dict, ast.List, ast.Tuple, ast.Set)):
         value = stmt.value
         if isinstance(value, ast.Call) and any(k.arg == "reduction" and isinstance(k.value, ast.Constant)
                                                and k.value.value == "none" for k in value.keywords):

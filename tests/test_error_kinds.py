@@ -142,6 +142,23 @@ def test_a_weighted_loss_reduced_on_the_backward_line(tmp_path):
     assert fixed["w"].grad is not None and torch.isfinite(fixed["w"].grad).all()
 
 
+def test_a_loss_kept_in_a_dict_gets_no_replacement_of_the_dict(tmp_path):
+    d, path = diagnosed(tmp_path, """
+        import torch
+        import torch.nn.functional as F
+
+        def step(pred, target):
+            losses = {"mse": F.mse_loss(pred, target, reduction="none")}
+            losses["mse"].backward()
+
+        step(torch.randn(3, 2, requires_grad=True), torch.zeros(3, 2))
+    """, "nonscalar-backward")
+    assert (d.line, d.saved_line) == tuple(lines(path, 'losses = {"mse": F.mse_loss(pred, target, reduction="none")}',
+                                                 'losses["mse"].backward()'))
+    # The line assigns a dict: neither its name nor `.mean()` on it is the tensor's.
+    assert d.tensor != "losses" and replacement(d.fix) is None and fixes.NO_ONE_LINE_FIX in d.fix
+
+
 def test_a_gradient_penalty_without_grad_outputs(tmp_path):
     d, path = diagnosed(tmp_path, """
         import torch

@@ -742,6 +742,8 @@ def _read_statement(text: str):
         value = stmt.value
         if isinstance(stmt.targets[0], ast.Subscript):  # t[i] = v: Tensor.__setitem__(t, i, v)
             return None, "__setitem__", _operands([stmt.targets[0].value, stmt.value])
+        if isinstance(target, str) and isinstance(value, _CONTAINERS):
+            target = None  # `losses = {"mse": F.mse_loss(...)}`: the name is the dict's, not the tensor's
     elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) and _dotted(stmt.target):
         target = _dotted(stmt.target)
         value = stmt.value
@@ -752,6 +754,7 @@ def _read_statement(text: str):
     return (target,) + _operands_of(value)
 
 
+_CONTAINERS = (ast.Dict, ast.List, ast.Tuple, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp, ast.GeneratorExp)
 _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.MatMult: "matmul",
            ast.Pow: "pow", ast.FloorDiv: "floordiv", ast.Mod: "mod"}
 
