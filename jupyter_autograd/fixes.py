@@ -534,11 +534,12 @@ def ddp_unused_fix(module: str, names, why: str) -> str:
     owner = _expr(names[0].rpartition(".")[0]) if names and _is_code_name(names[0]) else ""
     build = ("\n%s\n" % code("ddp = torch.nn.parallel.DistributedDataParallel(%s, find_unused_parameters=True)"
                              % _expr(module)) if _is_code_name(module) else " ")
-    return ("%s in the last iteration %s. If that is on purpose (an auxiliary head used only on some steps, a "
-            "branch not taken), build the DDP with find_unused_parameters=True, and it looks for such parameters "
-            "in every iteration (one more walk over the graph):%sIf they should train, make what they compute "
-            "part of the loss; if they should not train at all, freeze them before wrapping the model%s."
-            % (NO_ONE_LINE_FIX, why, build, " (`%s.requires_grad_(False)`)" % owner if owner else ""))
+    listed = ", ".join("`%s`" % n for n in names[:8]) + (" and %d more" % (len(names) - 8) if len(names) > 8 else "")
+    return ("%s in the last iteration %s got no gradient: %s. If that is on purpose (an auxiliary head used only on "
+            "some steps, a branch not taken), build the DDP with find_unused_parameters=True, and it looks for such "
+            "parameters in every iteration (one more walk over the graph):%sIf they should train, make what they "
+            "compute part of the loss; if they should not train at all, freeze them before wrapping the model%s."
+            % (NO_ONE_LINE_FIX, listed, why, build, " (`%s.requires_grad_(False)`)" % owner if owner else ""))
 
 
 def ddp_ready_twice_fix(src: str, by_function: bool) -> str:

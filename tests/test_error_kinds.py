@@ -635,7 +635,9 @@ def test_two_processes_name_the_unused_parameter_in_the_note_on_rank_0(tmp_path)
     if HAS_NOTES:
         [note] = rank0["notes"]
         assert "(`model.aux_head.weight`)" in note and "test_error_kinds.py, line %d" % line in note
-        assert "`model.aux_head`, the module that holds it, was never called" in " ".join(note.split())
+        said = " ".join(note.split())  # the note's prose is wrapped
+        assert "`model.aux_head.weight`, `model.aux_head.bias` got no gradient: `model.aux_head`, the module that " \
+            "holds `model.aux_head.weight`, was never called" in said
 
 
 # -- the floor: any other error of backward -------------------------------------------------------

@@ -472,7 +472,8 @@ def _why_no_gradient(trace: Trace, model: DistributedModel, tid: int) -> str:
         owner_ran = owner and any(len(op.module) > 1 and "%s.%s" % (op.module[1], owner) in op.module
                                   for op in forward)
         if owner and not owner_ran:
-            return "`%s.%s`, the module that holds it, was never called in the forward pass" % (model.module, owner)
+            return "`%s.%s`, the module that holds %s, was never called in the forward pass" % (
+                model.module, owner, shown)
         return "%s was never used in the forward pass" % shown
     if not any(op.grad_enabled for op in uses):
         return "%s was used only without recording a graph (under no_grad), on %s" % (shown, line_ref(uses[-1]))
