@@ -518,6 +518,33 @@ def test_ddp_names_from_torch_debug_mode_agree_with_its_indices(tmp_path, proces
     assert d.tensor == "model.module.aux_head.1.weight"
 
 
+def test_ddp_says_why_of_the_iteration_that_did_not_finish(tmp_path, process_group):
+    d, path = diagnosed(tmp_path, """
+        import torch
+        from torch import nn
+        from torch.nn.parallel import DistributedDataParallel
+
+        class WithAux(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.main = nn.Linear(2, 1)
+                self.aux = nn.Linear(2, 1)
+
+            def forward(self, x, use_aux):
+                return self.main(x) + (self.aux(x) if use_aux else 0)
+
+        def train(net):
+            ddp = DistributedDataParallel(net)
+            for step in range(3):
+                ddp(torch.randn(2, 2), use_aux=step == 0).sum().backward()
+
+        train(WithAux())
+    """, "ddp-unused-parameters")
+    # Its first iteration called `aux`; the second, the one DDP could not finish, did not.
+    assert d.tensor == "net.aux.weight" and "`net.aux`, the module that holds `net.aux.weight`, was never " \
+        "called" in d.message
+
+
 def test_ddp_parameter_order_is_the_reducers(process_group):
     class Net(nn.Module):
         def __init__(self):

@@ -465,7 +465,10 @@ def _why_no_gradient(trace: Trace, model: DistributedModel, tid: int) -> str:
     """Why a parameter of a DDP model got no gradient in the last iteration, from the ops of its forward."""
     inside = model.parameter_names[model.parameters.index(tid)]
     owner = inside.rpartition(".")[0]
-    forward = [op for op in trace.ops if op.module and op.module[0] == model.name and not op.is_backward]
+    # The last iteration: the forward before the last backward call, after the one before it.
+    backward = [op.index for op in trace.ops if op.is_backward]
+    since, until = (backward[-2] if len(backward) > 1 else -1), (backward[-1] if backward else len(trace.ops))
+    forward = [op for op in trace.ops[since + 1:until] if op.module and op.module[0] == model.name]
     uses = [op for op in forward if tid in op.inputs]
     shown = _shown(trace.tensor_label(tid))
     if not uses:
