@@ -813,3 +813,23 @@ def test_a_caught_backward_error_then_another_exception_gets_no_note(tmp_path):
     """, captured=True)
     assert isinstance(exc, KeyError) and [d.kind for d in trace.diagnoses] == ["nonscalar-backward"]
     assert exception_note(trace) is None and not getattr(exc, "__notes__", None)
+
+
+def test_a_quoted_error_is_escaped_in_html(tmp_path):
+    from jupyter_autograd.widget import static_html
+
+    path = tmp_path / "program.py"
+    exc, trace, _ = run(path, """
+        import torch
+
+        def refuse(grad):
+            raise ValueError("<img src=x onerror=alert(1)>")
+
+        w = torch.randn(3, requires_grad=True)
+        w.register_hook(refuse)
+        (w * 2).sum().backward()
+    """, captured=True)
+    [d] = trace.diagnoses
+    assert d.kind == "backward-error" and "<img src=x" in d.message
+    page = static_html(trace)
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
