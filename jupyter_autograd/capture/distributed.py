@@ -15,6 +15,8 @@ import linecache
 import sys
 import weakref
 
+import torch
+
 try:
     from torch.nn.parallel import DistributedDataParallel as _DDP
 except ImportError:  # a build of torch without distributed support
@@ -66,14 +68,41 @@ def _reducer_parameters(recorder, ddp):
     order, each one's own parameters that require grad and are not ignored, each parameter once)."""
     ignored = getattr(ddp, "parameters_to_ignore", set())
     seen, out = set(), []
-    for module_name, module in ddp.module.named_modules():
-        for param_name, p in module.named_parameters(recurse=False):
+    for module_name, module in _named_modules(ddp.module):
+        for param_name, p in _own_parameters(module):
             # torch's own key for an ignored parameter ("." + name for the root module's own).
             if not p.requires_grad or "%s.%s" % (module_name, param_name) in ignored or id(p) in seen:
                 continue
             seen.add(id(p))
             out.append((recorder._quiet_tid(p), "%s.%s" % (module_name, param_name) if module_name else param_name))
     return tuple(out)
+
+
+_Module = torch.nn.Module
+
+
+def _named_modules(root):
+    """named_modules(), read from the module dicts as torch's own does, so that no method of the
+    user's runs for us; a module that defines its own named_modules is asked (DDP asks it too)."""
+    if type(root).named_modules is not _Module.named_modules:
+        yield from root.named_modules()
+        return
+    seen, todo = set(), [("", root)]
+    while todo:
+        prefix, module = todo.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        yield prefix, module
+        todo.extend(reversed([("%s.%s" % (prefix, name) if prefix else name, child)
+                              for name, child in module._modules.items() if child is not None]))
+
+
+def _own_parameters(module):
+    """named_parameters(recurse=False), as _named_modules reads it."""
+    if type(module).named_parameters is not _Module.named_parameters:
+        return list(module.named_parameters(recurse=False))
+    return [(name, p) for name, p in module._parameters.items() if p is not None]
 
 
 def freeze(recorder, module_names, names):
