@@ -534,8 +534,9 @@ def _ran_twice_by(trace: Trace, backward: OpRecord, model: Optional[DistributedM
         outside = [op for op in trace.ops[:backward.index] if tid in op.inputs and op.grad_enabled
                    and not op.is_backward and not (op.module and op.module[0] == model.name)]
         if outside:
-            return outside[-1], ("%s uses `%s` outside the DDP module's forward, so its gradient arrives through a "
-                                 "second path DDP does not expect" % (where(outside[-1]), trace.tensor_label(tid)))
+            return outside[-1], ("%s uses %s outside the DDP module's forward, so its gradient arrives through a "
+                                 "second path DDP does not expect"
+                                 % (where(outside[-1]), _shown(trace.tensor_label(tid))))
     return None, "Some parameter's gradient was delivered twice in one backward"
 
 
