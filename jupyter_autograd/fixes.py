@@ -391,3 +391,179 @@ def _replace_name(src: str, name: str, replacement: str) -> str:
     if sep:
         return head + sep + re.sub(r"\b%s\b" % re.escape(name), replacement, tail)
     return re.sub(r"(?<![\w.])%s\b(?!\s*=[^=])" % re.escape(name), replacement, src)
+
+
+# -- fixes of the errors PyTorch raises (diagnose/errors.py) -----------------------------------------
+
+def _is_code_name(label: Optional[str]) -> bool:
+    """Whether a tensor's label is a name or attribute chain the user's code has (`q`, `self.x_adv`,
+    `model.aux_head.weight`), not a description."""
+    return bool(label) and re.fullmatch(r"[A-Za-z_]\w*(?:\.\w+)*", label) is not None
+
+
+def view_write_fix(src: str, name: Optional[str], base: Optional[str], how: str) -> str:
+    """An in-place write to a view PyTorch refuses (see errors.view_inplace): write to a new tensor."""
+    shown = _expr(name) if _is_code_name(name) else ""
+    if how == "views":
+        after = ("The write then changes only %s, not %s, which the views share memory with; if that tensor was "
+                 "meant to change too, change it before it is split." % (
+                     "`%s`" % shown if shown else "the view", "`%s`" % _expr(base) if _is_code_name(base) else
+                     "the tensor they were taken from"))
+    elif how == "inference tensor":
+        after = ("Or make a normal tensor of it outside inference mode before changing it (%s); a clone made "
+                 "inside inference mode is an inference tensor too." % (
+                     "`%s = %s.clone()`" % (shown, shown) if shown else "`.clone()`"))
+    else:
+        mode = "torch.no_grad()" if how == "no_grad" else "torch.inference_mode()"
+        after = ("Or take the view outside `%s`, so that the write is recorded, or make the write inside it too, "
+                 "so that it is not." % mode)
+    rewritten = out_of_place(src) or copy_before_write(src)
+    # Only a rewrite that rebinds the view itself (`q = q * s`), not what holds it (`parts[0]` in a list).
+    if rewritten and shown and rewritten.partition(" = ")[0] == shown:
+        return "Write to a new tensor instead of the view. %s\n%s\n%s" % (REPLACE, code(rewritten), after)
+    return ("%s replace the in-place operation on %s by its out-of-place form (`y = y * 2` rather than `y *= 2`), "
+            "or change a copy (`.clone()`). %s" % (NO_ONE_LINE_FIX, "`%s`" % shown if shown else "the view", after))
+
+
+def inference_tensor_fix(name: Optional[str]) -> str:
+    """A tensor made under inference mode that a graph needs (see errors.inference_tensor_saved)."""
+    head = ("%s run the frozen part under `torch.no_grad()` instead of `torch.inference_mode()`: its results then "
+            "record no graph either, but a graph can use them." % NO_ONE_LINE_FIX)
+    if _is_code_name(name):
+        return ("%s Or make a normal tensor of it outside inference mode, before the part that trains uses it (a "
+                "clone made inside inference mode is an inference tensor too):\n%s"
+                % (head, code("%s = %s.clone()" % (_expr(name), _expr(name)))))
+    return head + " Or `.clone()` it outside inference mode before the part that trains uses it."
+
+
+def nonleaf_requires_grad_fix(src: str, name: Optional[str]) -> str:
+    """`x.requires_grad = True` on a tensor with a history (see errors.nonleaf_requires_grad): make a leaf
+    of it, `x = x.detach().requires_grad_()`; for False, `x = x.detach()`."""
+    stmt = _single_statement(src)
+    target, flag = None, None
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Attribute) \
+            and stmt.targets[0].attr == "requires_grad" and isinstance(stmt.value, ast.Constant):
+        target, flag = stmt.targets[0].value, bool(stmt.value.value)
+    elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
+            and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr == "requires_grad_":
+        call = stmt.value
+        given = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "requires_grad"), None)
+        if given is None or isinstance(given, ast.Constant):
+            target, flag = call.func.value, True if given is None else bool(given.value)
+    if not isinstance(target, (ast.Name, ast.Attribute, ast.Subscript)):
+        return ("%s to train `%s` as a tensor of its own, make a new leaf of it: `%s.detach().requires_grad_()`, "
+                "assigned where the code reads it; to read the gradient of the non-leaf itself, call `.retain_grad()` "
+                "on it before backward." % (NO_ONE_LINE_FIX, name, _expr(name) if _is_code_name(name) else "x"))
+    expr = ast.unparse(target)
+    if flag:
+        return ("Make it a new leaf with the same values: backward then stores its gradient in `%s.grad`, and the "
+                "history before it is dropped, which is what setting requires_grad asks for. %s\n%s\n"
+                "To read the gradient of the non-leaf itself instead, keep its history and call `%s.retain_grad()` "
+                "before backward." % (expr, REPLACE, code("%s = %s.detach().requires_grad_()" % (expr, expr)), expr))
+    return ("To use its values without its history, take a detached copy. %s\n%s"
+            % (REPLACE, code("%s = %s.detach()" % (expr, expr))))
+
+
+def nonscalar_fix(src: str, name: Optional[str], grad_call: bool, backward_at: str) -> str:
+    """backward() from a tensor with many values (see errors.nonscalar_backward): reduce it where it is
+    made, and say that the reduction is a choice."""
+    shown = _expr(name) if _is_code_name(name) else ""
+    choice = ("The mean is what every built-in loss gives by default (reduction='mean'); if the sum was meant, "
+              "use `.sum()` instead (the gradients then grow with the batch size); to weight the values, multiply "
+              "by the weights before reducing. To backpropagate a gradient for each value instead, pass it: %s."
+              % ("`%s.backward(torch.ones_like(%s))`" % (shown, shown) if shown else "`backward(gradient)`"))
+    if grad_call:
+        return ("%s `torch.autograd.grad` needs a gradient for each value of %s: pass %s on %s (the gradient of "
+                "their sum, what a gradient penalty needs), or reduce it first (`.sum()`, `.mean()`)."
+                % (NO_ONE_LINE_FIX, "`%s`" % shown if shown else "its outputs",
+                   "`grad_outputs=torch.ones_like(%s)`" % shown if shown else "`grad_outputs`", backward_at))
+    reduced = _reduced(src, name)
+    if reduced is not None:
+        return "Reduce it to one number where it is made. %s\n%s\n%s" % (REPLACE, code(reduced), choice)
+    return ("%s reduce %s to one number before backward(): `.mean()` or `.sum()`. %s"
+            % (NO_ONE_LINE_FIX, "`%s`" % shown if shown else "it", choice))
+
+
+def _reduced(src: str, name: Optional[str]) -> Optional[str]:
+    """The line with its non-scalar result reduced: `loss = F.mse_loss(p, y, reduction='none')` without
+    the keyword (the function's default is the mean), `loss = criterion(out, y).mean()`, or
+    `(loss * w).mean().backward()` for a line that calls backward itself."""
+    stmt = _single_statement(src)
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and ast.unparse(stmt.targets[0]) == name \
+            and not isinstance(stmt.value, (ast.Dict, ast.List, ast.Tuple, ast.Set)):
+        value = stmt.value
+        if isinstance(value, ast.Call) and any(k.arg == "reduction" and isinstance(k.value, ast.Constant)
+                                               and k.value.value == "none" for k in value.keywords):
+            value.keywords = [k for k in value.keywords if k.arg != "reduction"]
+        else:
+            stmt.value = ast.Call(func=ast.Attribute(value=value, attr="mean", ctx=ast.Load()), args=[], keywords=[])
+        return ast.unparse(stmt)
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Attribute) \
+            and stmt.value.func.attr == "backward" and not stmt.value.args and not stmt.value.keywords:
+        receiver = stmt.value.func.value
+        stmt.value.func.value = ast.Call(func=ast.Attribute(value=receiver, attr="mean", ctx=ast.Load()), args=[],
+                                         keywords=[])
+        return ast.unparse(stmt)
+    return None
+
+
+def not_differentiable_fix(op_name: str, name: Optional[str], input_name: Optional[str]) -> str:
+    """An op without a derivative on the way to the loss (see errors.not_differentiable)."""
+    detached = "`%s.detach()`" % _expr(input_name) if _is_code_name(input_name) else "`.detach()`"
+    return ("%s %s has no derivative, so no gradient can flow back through %s. If what it computes only selects, "
+            "sorts or counts (indices, a mask, the distinct values), compute it from the detached input (%s) and "
+            "keep the values the loss needs on a differentiable path (index the original tensor with what it "
+            "returns); otherwise replace it with a differentiable operation (a soft version, `torch.softmax` "
+            "instead of a hard choice)." % (NO_ONE_LINE_FIX, op_name,
+                                            "`%s`" % _expr(name) if _is_code_name(name) else "its result", detached))
+
+
+def invalid_gradient_fix(function: str, shape: bool) -> str:
+    """A custom Function whose backward returns the wrong gradients (see errors.invalid_gradient)."""
+    what = ("each with the shape of its input: sum a broadcast gradient back over the broadcast dimensions "
+            "(`.sum(dim, keepdim=True)`), reshape a flattened one (`.reshape(...)`)" if shape else
+            "one value for each")
+    return ("%s `%s.backward` must return one gradient per input of `%s.forward` (after ctx), in the same order, %s, "
+            "and None for an input that is not a tensor or needs no gradient. `torch.autograd.gradcheck` on small "
+            "double-precision inputs then checks its values against finite differences."
+            % (NO_ONE_LINE_FIX, function, function, what))
+
+
+def ddp_unused_fix(module: str, names, why: str) -> str:
+    """Parameters a DDP waited for in vain (see errors.ddp_unused_parameters)."""
+    owner = _expr(names[0].rpartition(".")[0]) if names and _is_code_name(names[0]) else ""
+    build = ("\n%s\n" % code("ddp = torch.nn.parallel.DistributedDataParallel(%s, find_unused_parameters=True)"
+                             % _expr(module)) if _is_code_name(module) else " ")
+    listed = ", ".join("`%s`" % n for n in names[:8]) + (" and %d more" % (len(names) - 8) if len(names) > 8 else "")
+    return ("%s in the last iteration %s got no gradient: %s. If that is on purpose (an auxiliary head used only on "
+            "some steps, a branch not taken), build the DDP with find_unused_parameters=True, and it looks for such "
+            "parameters in every iteration (one more walk over the graph):%sIf they should train, make what they "
+            "compute part of the loss; if they should not train at all, freeze them before wrapping the model%s."
+            % (NO_ONE_LINE_FIX, listed, why, build, " (`%s.requires_grad_(False)`)" % owner if owner else ""))
+
+
+def ddp_ready_twice_fix(src: str, by_function: bool) -> str:
+    """A parameter's gradient delivered twice to DDP in one backward (see errors.ddp_ready_twice)."""
+    others = ("Or, if the model's graph is the same in every iteration, build the DDP with static_graph=True; or "
+              "with find_unused_parameters=False if every parameter is used in every iteration.")
+    if "use_reentrant=True" in src and _is_simple_statement(src.replace("use_reentrant=True", "use_reentrant=False")):
+        return ("Checkpoint without a reentrant backward: the recomputation then runs inside this backward's own "
+                "graph, and DDP sees each parameter's gradient once. %s\n%s\n%s"
+                % (REPLACE, code(src.replace("use_reentrant=True", "use_reentrant=False")), others))
+    if by_function:
+        return ("%s pass use_reentrant=False to the checkpoint on that line, so that the recomputation runs inside "
+                "this backward's graph. %s" % (NO_ONE_LINE_FIX, others))
+    return ("%s use the parameter only inside the forward of the DDP module, so that its gradient reaches DDP once. %s"
+            % (NO_ONE_LINE_FIX, others))
+
+
+def backward_error_fix(name: Optional[str], line: Optional[int], error: Optional[str]) -> str:
+    """The floor (see errors.backward_error): where to look, and how to make PyTorch say more."""
+    if error and "grad_output" in error:
+        return ("%s the gradient given to backward() must have the shape and dtype of the tensor it starts from: "
+                "%s for the gradient of its sum, or the gradient you computed, reshaped and cast to match."
+                % (NO_ONE_LINE_FIX, "`torch.ones_like(%s)`" % _expr(name) if _is_code_name(name) else
+                   "`torch.ones_like(...)` of that tensor"))
+    return ("%s jupyter-autograd does not know this error in detail; %s is where it comes from. Running the forward "
+            "pass and the backward call under `torch.autograd.detect_anomaly()` adds the forward traceback of the "
+            "failing node to PyTorch's message." % (NO_ONE_LINE_FIX, "line %d" % line if line else "the line above"))

@@ -12,8 +12,12 @@ from typing import Any, Dict, List, Optional, Tuple
 # The op name of `t.requires_grad = ...` (a property set, recorded as an op: it can freeze a parameter).
 FREEZE_SETTER = "Tensor.requires_grad ="
 
-PROBLEM_KINDS = ("leaf-inplace", "saved-tensor-modified", "silent-data-mutation", "accumulated-graph",
-                 "graph-freed", "graph-cut", "missing-grad", "nan-gradient")
+# By importance: silent problems and the in-place family first, then the errors that stop a
+# training step, the floor for any other autograd error last.
+PROBLEM_KINDS = ("leaf-inplace", "view-inplace", "saved-tensor-modified", "silent-data-mutation", "accumulated-graph",
+                 "graph-freed", "graph-cut", "nonscalar-backward", "not-differentiable", "invalid-gradient",
+                 "inference-tensor-saved", "nonleaf-requires-grad", "ddp-unused-parameters", "ddp-ready-twice",
+                 "missing-grad", "nan-gradient", "backward-error")
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +164,28 @@ class Diagnosis:
                 "graph-freed": "Backward through a graph that an earlier backward freed",
                 "graph-cut": "The loss is cut off from everything that requires grad",
                 "missing-grad": "A tensor you train gets no gradient",
-                "nan-gradient": "NaN or Inf gradient from a finite forward pass"}.get(self.kind, self.kind)
+                "nan-gradient": "NaN or Inf gradient from a finite forward pass",
+                "view-inplace": "In-place change of a view that PyTorch forbids writing",
+                "inference-tensor-saved": "A tensor made in inference mode is used by autograd",
+                "nonleaf-requires-grad": "requires_grad set on a tensor that is not a leaf",
+                "nonscalar-backward": "backward() from a tensor that is not a scalar",
+                "not-differentiable": "An operation without a derivative is on the way to the loss",
+                "invalid-gradient": "A custom autograd.Function returned a wrong gradient",
+                "ddp-unused-parameters": "Parameters that DistributedDataParallel waited for got no gradient",
+                "ddp-ready-twice": "DistributedDataParallel got a parameter's gradient twice",
+                "backward-error": "backward() raised"}.get(self.kind, self.kind)
         return what + (" (`%s`)" % self.tensor if self.tensor else "")
+
+
+@dataclass(slots=True)
+class DistributedModel:
+    """A DistributedDataParallel module called in the block: the parameters its reducer waits for,
+    in the order its errors count them ("Parameter indices which did not receive grad: 4 5")."""
+    name: str                            # the user's name for the DDP module (`ddp`, `self.model`)
+    module: str                          # how the user's code reaches the module it wraps (`model`, `ddp.module`)
+    parameters: Tuple[int, ...] = ()     # tids, in the reducer's order
+    parameter_names: Tuple[str, ...] = ()  # the same, dotted within the wrapped module (`aux_head.weight`)
+    find_unused_parameters: bool = False
 
 
 @dataclass
@@ -175,6 +199,10 @@ class Trace:
     roots: List[int] = field(default_factory=list)  # node keys of live results and backward roots
     # A factory, not `= None`: a plain default would live on the class and hide the lazy build.
     error: Optional[str] = field(default_factory=lambda: None)  # the user's exception, if any
+    # The innermost line of the user's code in that exception's traceback: where it was raised, or
+    # the call it came out of (a DDP forward, a hook run by backward).
+    error_location: Optional[Location] = field(default_factory=lambda: None)
+    distributed: List[DistributedModel] = field(default_factory=list)  # DDP modules called in the block
     warnings: List[str] = field(default_factory=list)  # problems of the tool itself
     notes: List[str] = field(default_factory=list)     # things the tool did that the user may want to know
     sources: Dict[str, List[str]] = field(default_factory=dict)  # filename -> lines, for display

@@ -104,6 +104,8 @@ def bound_names(source):
             names.add(node.arg)
         elif isinstance(node, ast.alias):
             names.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add("." + node.attr)  # an attribute the program sets (`self.criterion = ...`): its own
     return names
 
 
@@ -148,7 +150,7 @@ def check_code(block, user_names, where):
                 check_module_path(parts, where)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             parts = dotted(node.func)
-            if not (parts and parts[0] in MODULES):
+            if not (parts and parts[0] in MODULES) and "." + node.func.attr not in user_names:
                 check_method(node.func.attr, where)
 
 

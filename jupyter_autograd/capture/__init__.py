@@ -410,6 +410,7 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
                 type(internal).__name__, internal)
         live, names = build.freeze(recorder, namespaces or [])
     error = None if exc is None else "%s: %s" % (type(exc).__name__, exc)
+    error_at = None if exc is None else build.raised_at(exc)
 
     def build_when_read() -> Trace:
         # As in build_trace, through the diagnoses: they allocate while the whole new trace is
@@ -428,7 +429,7 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
             # Not DisableTorchFunctionSubclass alone: read inside another capture, the build's reads
             # of gradients would be recorded there, at the line that read the trace.
             with torch._C.DisableTorchFunction():
-                trace = build.build_trace(recorder, live, names, error)
+                trace = build.build_trace(recorder, live, names, error, error_at)
             trace.warnings.extend(tool_warnings)
             _name_source_files(trace)
             if recorder.failure:

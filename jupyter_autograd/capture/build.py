@@ -16,8 +16,9 @@ from ..model import (FREEZE_SETTER, Checkpoint, GraphNode, Location, ModuleCall,
                      Trace)
 from . import graph as graph_snapshot
 from . import nan_watch
-from .recorder import (_BACKWARD_FUNCS, _DATA_GETTER, _REQUIRES_GRAD_SETTER, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD,
-                       OP_IN, OP_LINE, OP_OUT, OP_VA, OP_VB, OP_WR, TENSOR, call_columns, value_kind)
+from . import distributed
+from .recorder import (_BACKWARD_FUNCS, _DATA_GETTER, _REQUIRES_GRAD_SETTER, _USER, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD,
+                       OP_IN, OP_LINE, OP_OUT, OP_VA, OP_VB, OP_WR, TENSOR, _frame_kind, call_columns, value_kind)
 
 _op_names = {}
 
@@ -100,6 +101,7 @@ def freeze(recorder, namespaces: Iterable[dict]):
         names.setdefault(t_id, dotted)
         recorder.param_owner[t_id] = owner
     _name_module_paths(recorder, module_names)
+    distributed.freeze(recorder, module_names, names)
     recorder.user_globals = {}  # never hold the user's namespaces (or modules) past the block
     recorder.modules = {}
     recorder.nonfinite = {}
@@ -226,7 +228,21 @@ def _name_module_paths(recorder, module_names):
     recorder.open_calls = []
 
 
-def build_trace(recorder, live, names, error: Optional[str] = None) -> Trace:
+def raised_at(exc) -> Optional[Tuple[str, int, str]]:
+    """(filename, line, function) of the innermost frame of the user's code in an exception's
+    traceback: the line whose call raised it (`out = ddp(x)`), or the line of a hook or a custom
+    Function's backward that backward() ran. None when no user frame is in it."""
+    found = None
+    tb = getattr(exc, "__traceback__", None)
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if _frame_kind(code.co_filename) == _USER:
+            found = (code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    return found
+
+
+def build_trace(recorder, live, names, error: Optional[str] = None, error_at=None) -> Trace:
     # Tens of thousands of small objects, none of them in a cycle: the cyclic GC would rescan
     # the growing heap again and again while they are made (3x the build time).
     enabled = gc.isenabled()
@@ -235,6 +251,9 @@ def build_trace(recorder, live, names, error: Optional[str] = None) -> Trace:
         trace = Trace()
         trace.error = error
         locations = _locations(recorder, trace)
+        if error_at is not None:
+            trace.error_location = _location(trace, *error_at)
+        trace.distributed = distributed.models_of(recorder)
         _tensors(recorder, trace, live, names)
         _ops(recorder, trace, locations)
         _calls(recorder, trace)
@@ -264,6 +283,12 @@ def _locations(recorder, trace) -> Dict[tuple, Location]:
         text = _without_comment(trace.source_line(filename, line)).strip()
         cache[(id(code), line)] = Location(filename, line, code.co_name, text)
     return cache
+
+
+def _location(trace, filename, line, function) -> Location:
+    if filename not in trace.sources:
+        trace.sources[filename] = list(linecache.getlines(filename))
+    return Location(filename, line, function, _without_comment(trace.source_line(filename, line)).strip())
 
 
 def _calls(recorder, trace):
@@ -628,7 +653,11 @@ def _assignment_targets(trace) -> Dict[int, str]:
         if text not in parsed:
             parsed[text] = _read_statement(text)
         target, callee, operands = parsed[text]
-        if isinstance(target, tuple):  # `out, self.hidden = self.rnn(x, self.hidden)`: one name per output
+        if isinstance(target, _LoopTarget):  # `for row in h.unbind(0):`: each element goes by the loop's name
+            if not op.is_backward:
+                for tid in op.outputs:
+                    give(tid, target.name, text)
+        elif isinstance(target, tuple):  # `out, self.hidden = self.rnn(x, self.hidden)`: one name per output
             if len(target) == len(op.outputs) and not op.is_backward:
                 for tid, name in zip(op.outputs, target):
                     if name:
@@ -687,8 +716,23 @@ def _call_target(line: str, columns) -> Optional[object]:
     return _dotted(targets[0]) or _dotted_tuple(targets[0])
 
 
+class _LoopTarget(str):
+    """The name a `for` line gives, in turn, to each element of what it iterates."""
+
+    @property
+    def name(self) -> str:
+        return str(self)
+
+
 def _read_statement(text: str):
     """(assigned name or None, name of its one operation or None, operand names or None)."""
+    if text.startswith("for ") and text.endswith(":"):
+        try:
+            loop = ast.parse(text + " pass").body[0]
+        except SyntaxError:
+            return None, None, None
+        name = _dotted(loop.target) if isinstance(loop, ast.For) else None
+        return (_LoopTarget(name) if name else None), None, None
     try:
         tree = ast.parse(text)
     except SyntaxError:
@@ -703,6 +747,8 @@ def _read_statement(text: str):
         value = stmt.value
         if isinstance(stmt.targets[0], ast.Subscript):  # t[i] = v: Tensor.__setitem__(t, i, v)
             return None, "__setitem__", _operands([stmt.targets[0].value, stmt.value])
+        if isinstance(target, str) and isinstance(value, _CONTAINERS):
+            target = None  # `losses = {"mse": F.mse_loss(...)}`: the name is the dict's, not the tensor's
     elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) and _dotted(stmt.target):
         target = _dotted(stmt.target)
         value = stmt.value
@@ -713,6 +759,7 @@ def _read_statement(text: str):
     return (target,) + _operands_of(value)
 
 
+_CONTAINERS = (ast.Dict, ast.List, ast.Tuple, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp, ast.GeneratorExp)
 _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.MatMult: "matmul",
            ast.Pow: "pow", ast.FloorDiv: "floordiv", ast.Mod: "mod"}
 

@@ -30,6 +30,7 @@ from torch.optim import optimizer as _optim_module
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle as _RemovableHandle
 
+from . import distributed
 from . import graph as graph_snapshot
 from . import nan_watch
 from .kept import KeptTensors
@@ -335,6 +336,7 @@ def install_hooks():
             _record_function.__exit__ = _leaving_profiler_scope
             _nn_module._has_any_global_hook = _has_any_global_hook_but_ours
             _overrides.has_torch_function = _has_torch_function_but_ours
+            distributed.install()  # notes the line that builds a DistributedDataParallel
             for (hooks, hook, always_called), key in zip(_hook_table(), _HOOK_KEYS):
                 _installed_hooks.append((hooks, key, always_called))
                 hooks[key] = hook
@@ -362,6 +364,10 @@ def _remove_all_hooks():
         failure = exc
     try:
         _record_function.__exit__ = _original_scope_exit
+    except BaseException as exc:
+        failure = failure or exc
+    try:
+        distributed.remove()
     except BaseException as exc:
         failure = failure or exc
     try:

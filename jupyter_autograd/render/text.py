@@ -18,6 +18,18 @@ EXPLAINS = {
     "graph-cut": ("does not require grad and does not have a grad_fn",),
     "missing-grad": ("not have been used in the graph",),
     "nan-gradient": ("returned nan values", "returned inf values"),
+    "view-inplace": ("is a view and is being modified inplace", "is being modified inplace with grad mode enabled",
+                     "is being modified inplace in normal mode", "Inplace update to inference tensor outside"),
+    "inference-tensor-saved": ("Inference tensors cannot be saved for backward",),
+    "nonleaf-requires-grad": ("you can only change requires_grad flags of leaf variables",),
+    "nonscalar-backward": ("grad can be implicitly created only for scalar outputs",),
+    "not-differentiable": ("derivative for",),
+    "invalid-gradient": ("returned an invalid gradient at index", "returned an incorrect number of gradients",
+                         "returned a gradient different than None at position"),
+    "ddp-unused-parameters": ("Expected to have finished reduction in the prior iteration",),
+    "ddp-ready-twice": ("Expected to mark a variable ready only once",),
+    # The floor has no words of its own: it explains the very error it quotes (see exception_note).
+    "backward-error": (),
 }
 
 
@@ -76,7 +88,8 @@ def exception_note(trace: Trace) -> Optional[str]:
     about this exception."""
     error = trace.error or ""
     for d in trace.diagnoses:
-        if d.kind in PROBLEM_KINDS and any(words in error for words in EXPLAINS.get(d.kind, ())):
+        quoted = d.kind == "backward-error" and error and error.split(": ", 1)[-1].split("\n")[0].strip() in d.message
+        if d.kind in PROBLEM_KINDS and (quoted or any(words in error for words in EXPLAINS.get(d.kind, ()))):
             lines = ["jupyter-autograd: %s" % d.title]
             lines.extend(_lines_of(d, "  ", with_file=True))
             fix = fix_lines(_short_fix(d.fix), 100, "  ")
