@@ -22,6 +22,7 @@ import keyword
 import os
 import re
 import sys
+import unicodedata
 
 from IPython.core.error import UsageError
 from IPython.core.inputtransformer2 import leading_indent
@@ -65,6 +66,8 @@ class AutogradMagics(Magics):
             print(self.autograd.__doc__)
             return None
         _parse(line)
+        if not cell.strip():  # IPython's own words for an empty body (it says them for "" itself)
+            raise UsageError("%%autograd is a cell magic, but the cell body is empty.")
         return self._run_here(line, cell)
 
     def _run_here(self, line, cell):
@@ -176,8 +179,9 @@ class _CellRewrite:
     def __call__(self, lines):
         flags = _flags(lines[0].rstrip()) if lines else None
         body = lines[1:]
-        if flags is None or (body and body[0].startswith("%%")) or self not in self.shell.ast_transformers:
-            return lines  # not ours, or the magic function runs it
+        if (flags is None or (body and body[0].startswith("%%")) or not "".join(body).strip()
+                or self not in self.shell.ast_transformers):
+            return lines  # not ours, or the magic function runs it (or says the cell is empty)
         try:
             _parse(flags)
         except UsageError:
@@ -278,9 +282,14 @@ def _end_traceback_before_the_tool(exc):
 
 def _parse(line):
     """The flags, or a UsageError that says what is wrong with them."""
-    args = parse_argstring(AutogradMagics.autograd, line)
+    try:
+        args = parse_argstring(AutogradMagics.autograd, line)
+    except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
+        raise UsageError("%%%%autograd could not read its flags %r: %s" % (line, exc)) from None
     name = args.output
     if name is not None:
+        # As Python reads an identifier (NFKC): `-o ｘｙ` is the variable the cell's `ｘｙ` reads, `xy`.
+        name = args.output = unicodedata.normalize("NFKC", name)
         if keyword.iskeyword(name):
             raise UsageError("%%%%autograd -o %s: %r is a Python keyword, not a variable name" % (name, name))
         if not name.isidentifier():

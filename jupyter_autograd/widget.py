@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import base64
 import html
+import os
 import pathlib
+import secrets
 import time
 from typing import Dict, Optional
 
@@ -396,6 +398,27 @@ def save_html(trace: Trace, path, filename: Optional[str] = None) -> pathlib.Pat
     finally:
         widget.close()
     out = pathlib.Path(path)
-    out.write_text(page(state, (_HERE / "widget.js").read_text(), (_HERE / "widget.css").read_text(),
-                        static_html(trace)), encoding="utf-8")
+    _write_whole(out, page(state, (_HERE / "widget.js").read_text(), (_HERE / "widget.css").read_text(),
+                           static_html(trace)))
     return out
+
+
+def _write_whole(path: pathlib.Path, text: str) -> None:
+    """The file holds the whole text or stays as it was: a full disk never leaves half a report.
+    Written beside it (same file system, so the rename is atomic), then renamed over it."""
+    data = text.encode("utf-8")
+    temporary = path.with_name(".%s.%s.tmp" % (path.name, secrets.token_hex(4)))
+    # os.open with 0o666, as open() does: the file gets the user's umask, not mkstemp's 0o600.
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # a full disk may only say so when the data is written out
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise

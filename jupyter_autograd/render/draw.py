@@ -13,15 +13,17 @@ Legend (shape and colour):
     red outline          involved in a diagnosis
     red dashed edge      a written tensor, or the link a cut broke (no gradient flows back along it)
 
-Every string from the trace is escaped here (SVG) or drawn as typed (matplotlib, no mathtext).
+Every string from the trace is escaped here (SVG) or drawn as typed (matplotlib, no mathtext), clipped
+and with what is not printable written out (layout.clip).
 """
 from __future__ import annotations
 
 import html
 import io
+import warnings
 from typing import Dict, List, Optional, Tuple
 
-from .layout import BOX_H, HEADER_H, ROOT, Placed, Scene, place
+from .layout import BOX_H, HEADER_H, ROOT, Placed, Scene, clip, place
 
 # Colours: the light theme's, used where no JupyterLab CSS variable applies (PNG, GitHub).
 STYLE = {
@@ -36,6 +38,7 @@ STYLE = {
 }
 PROBLEM = "#e03131"
 TEXT, SUBTEXT = "#212529", "#495057"
+TITLE_CHARS = 120  # the scene's labels are clipped where they are made; the title here
 # In HTML the theme's variables win where they exist (JupyterLab, Notebook 7, light or dark).
 CSS_VAR = {"fn": "--jp-layout-color2", "box": "--jp-layout-color1", "fold": "--jp-layout-color0"}
 
@@ -69,6 +72,7 @@ def edges_between(scene: Scene, stand: Dict[str, str]) -> List[Tuple[str, str, s
 def to_svg(scene: Scene, opened=None, title: str = "", max_width: Optional[int] = None) -> str:
     """The first view as one SVG element; every string escaped."""
     opened = scene.open if opened is None else opened
+    title = clip(title, TITLE_CHARS)
     placed, stand = visible(scene, set(opened))
     _, width, height = place(scene, set(opened))
     at = {p.id: p for p in placed}
@@ -143,6 +147,7 @@ def to_png(scene: Scene, opened=None, title: str = "", max_pixels: int = 2400) -
     from matplotlib.path import Path
 
     opened = scene.open if opened is None else opened
+    title = clip(title, TITLE_CHARS)
     placed, stand = visible(scene, set(opened))
     _, width, height = place(scene, set(opened))
     top = 26 if title else 0
@@ -195,7 +200,11 @@ def to_png(scene: Scene, opened=None, title: str = "", max_pixels: int = 2400) -
             ax.text(p.x + p.w / 2, p.y + 29, item.sub, ha="center", va="baseline", fontsize=font * 0.9,
                     color=SUBTEXT, zorder=4, **text_kw)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
+    with warnings.catch_warnings():
+        # A glyph the font lacks (a name in Chinese) is drawn as a box; the warning would be
+        # printed under the user's cell.
+        warnings.simplefilter("ignore")
+        fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
     return buf.getvalue()
 
 

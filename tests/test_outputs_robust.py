@@ -1,0 +1,163 @@
+"""Every output of the tool stays right when the input is odd (issue 21, output side): flags
+IPython cannot read, names Python reads otherwise than typed, names no picture can hold, a disk
+that fills up, an empty cell. Each output says so when the analysis is incomplete, and an
+interrupt during the report never turns a finished cell into an interrupted one."""
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import warnings
+import xml.etree.ElementTree as ElementTree
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+import jupyter_autograd as ja
+from jupyter_autograd.render import draw, layout
+from jupyter_autograd.widget import save_html, static_bundle
+
+from .conftest import ROOT
+
+
+def run(shell, cell):
+    with capture_output() as cap:
+        result = shell.run_cell(cell)
+    return result, cap
+
+
+def broken_trace(name):
+    """A saved tensor modified in place, the tensor known by `name` (any string: a dict's key)."""
+    namespace = {}
+    x = torch.ones(3, requires_grad=True)
+    with ja.capture(namespace=[namespace]) as trace:
+        namespace[name] = x.exp()
+        namespace[name] += 1
+    assert trace.diagnoses and trace.diagnoses[0].tensor == name
+    return trace
+
+
+def drawn_texts(scene, title, monkeypatch):
+    """Every string the PNG draws, and every text of the SVG (which must parse as XML)."""
+    from matplotlib.figure import Figure
+
+    figures, savefig = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: (figures.append(self),
+                                                                        savefig(self, *args, **kwargs))[1])
+    draw.to_png(scene, opened=list(scene.boxes), title=title)
+    png = [text.get_text() for figure in figures for axes in figure.axes for text in axes.texts]
+    svg = ElementTree.fromstring(draw.to_svg(scene, opened=list(scene.boxes), title=title))
+    return png, ["".join(node.itertext()) for node in svg.iter("{http://www.w3.org/2000/svg}text")]
+
+
+# -- flags and cells IPython would refuse ----------------------------------------------------------
+
+def test_a_flag_with_an_unclosed_quote_is_a_usage_error(shell):
+    result, cap = run(shell, "%%autograd -o 'abc\nimport torch\nx = torch.ones(2)\n")
+    error = result.error_before_exec or result.error_in_exec
+    assert isinstance(error, UsageError) and "quotation" in str(error)
+    assert "magic.py" not in cap.stdout + cap.stderr and "Traceback" not in cap.stdout + cap.stderr
+    assert "x" not in shell.user_ns  # as for any bad flag: the cell does not run
+
+
+def test_the_trace_is_stored_under_the_name_python_reads(shell):
+    """Python reads identifiers in NFKC: `ｘｙ` typed in the cell is the variable `xy`."""
+    result, _ = run(shell, "%%autograd -q -o ｘｙ\nimport torch\nx = torch.ones(2, requires_grad=True) * 2\n")
+    assert result.success
+    assert isinstance(shell.user_ns.get("xy"), ja.Trace) and "ｘｙ" not in shell.user_ns
+    result, _ = run(shell, "ｘｙ is xy")
+    assert result.result is True
+
+
+@pytest.mark.parametrize("cell", ["%%autograd\n", "%%autograd", "%%autograd -q\n   \n\n"])
+def test_an_empty_cell_is_a_usage_error_as_for_ipythons_own_cell_magics(shell, cell):
+    result, _ = run(shell, cell)
+    error = result.error_before_exec or result.error_in_exec
+    assert isinstance(error, UsageError), error
+    assert "%%autograd is a cell magic, but the cell body is empty" in str(error)
+    reference, _ = run(shell, "%%capture\n")  # IPython's own words for its own cell magics
+    assert str(reference.error_before_exec or reference.error_in_exec).startswith(
+        "%%capture is a cell magic, but the cell body is empty")
+
+
+# -- names no picture can hold as they are ---------------------------------------------------------
+
+def test_a_huge_name_is_clipped_wherever_it_is_drawn(monkeypatch):
+    name = "v" * 100_000
+    trace = broken_trace(name)
+    scene = layout.build_scene(trace)
+    png, svg = drawn_texts(scene, trace.diagnoses[0].title, monkeypatch)
+    assert any(text.startswith("vvvv") for text in png) and any("vvvv" in text for text in svg)
+    assert max(map(len, png + svg)) <= 200
+    widget_labels = [row[2] for row in scene.to_json()["items"]] + [row[3] for row in scene.to_json()["items"]]
+    assert max(map(len, widget_labels)) <= 200
+    bundle = static_bundle(trace)  # the title drawn in the PNG is the diagnosis's, clipped too
+    svg_in_html = re.search(r"<svg.*?</svg>", bundle["text/html"], re.S).group(0)
+    assert max(map(len, re.findall(r">([^<]*)<", svg_in_html))) <= 200
+
+
+@pytest.mark.parametrize("name", ["a\x1bb", "nul\x00here", "bell\x07\x7f", "c1\x80\x9f", "lone\ud800half", "損失"])
+def test_control_characters_in_a_name_never_reach_a_picture(name, monkeypatch):
+    trace = broken_trace(name)
+    scene = layout.build_scene(trace)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "Glyph 27 missing from font" printed under the cell
+        png, svg = drawn_texts(scene, trace.diagnoses[0].title, monkeypatch)
+        bundle = static_bundle(trace)
+    assert "image/png" in bundle
+    drawn = png + svg + [row[2] for row in scene.to_json()["items"]]
+    assert all(text.isprintable() for text in drawn), [t for t in drawn if not t.isprintable()]
+    shown = repr(name)[1:-1]  # what it is, written as Python writes it
+    assert any(shown[:8] in text for text in png) and any(shown[:8] in text for text in svg)
+    svg_in_html = re.search(r"<svg.*?</svg>", bundle["text/html"], re.S).group(0)
+    ElementTree.fromstring(svg_in_html)  # well-formed XML
+
+
+# -- files --------------------------------------------------------------------------------------------
+
+def test_save_html_on_a_full_disk_keeps_the_previous_file(tmp_path):
+    """A real write failure (the file size limit, as a full disk fails a write): the file that
+    was there stays whole, and no partial file is left beside it."""
+    report = tmp_path / "report.html"
+    report.write_text("the previous report")
+    script = textwrap.dedent("""
+        import resource, signal, sys
+        import torch
+        import jupyter_autograd as ja
+        from jupyter_autograd.widget import save_html
+
+        x = torch.ones(3, requires_grad=True)
+        with ja.capture() as trace:
+            y = x.exp()
+            y += 1
+        trace.diagnoses
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing us
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+        try:
+            save_html(trace, sys.argv[1])
+        except OSError as exc:
+            print("raised", exc.errno)
+        """)
+    proc = subprocess.run([sys.executable, "-c", script, str(report)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "raised 27", proc.stdout + proc.stderr  # EFBIG, said to the caller
+    assert report.read_text() == "the previous report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]
+
+
+def test_save_html_replaces_the_file_whole_and_keeps_the_usual_permissions(tmp_path):
+    trace = broken_trace("y")
+    report = tmp_path / "report.html"
+    report.write_text("the previous report")
+    save_html(trace, report)
+    text = report.read_text()
+    assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
+    umask = os.umask(0)
+    os.umask(umask)
+    fresh = tmp_path / "fresh.html"
+    save_html(trace, fresh)
+    assert fresh.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh.html", "report.html"]
