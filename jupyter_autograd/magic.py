@@ -47,7 +47,7 @@ class AutogradMagics(Magics):
     @argument("-o", "--output", metavar="NAME", default=None,
               help="Store the Trace (ops, graph, diagnoses) in the variable NAME of the user namespace.")
     @argument("-q", "--quiet", action="store_true",
-              help="Record, but display nothing unless a problem was found.")
+              help="Record, but display nothing unless a problem was found (or a part of the analysis failed).")
     @argument("--text", action="store_true",
               help="Show the plain-text report instead of the interactive widget.")
     @argument("--nan", action="store_true",
@@ -105,7 +105,7 @@ class AutogradMagics(Magics):
         sys.displayhook(value)
 
     def _show(self, trace, args, filename):
-        if args.quiet and not trace.diagnoses:
+        if args.quiet and not trace.diagnoses and not trace.warnings:  # a failed analysis is said, always
             return
         try:
             from IPython.display import display

@@ -22,6 +22,7 @@ import html
 import os
 import pathlib
 import secrets
+import textwrap
 import time
 from typing import Dict, Optional
 
@@ -30,7 +31,7 @@ import traitlets as t
 
 from .model import Trace
 from .render import layout
-from .render.text import graph_summary, text_report
+from .render.text import INCOMPLETE, graph_summary, text_report, verdict
 
 _HERE = pathlib.Path(__file__).parent
 
@@ -42,6 +43,7 @@ class AutogradWidget(anywidget.AnyWidget):
     scene = t.Dict().tag(sync=True)
     summary = t.Unicode("").tag(sync=True)
     error = t.Unicode("").tag(sync=True)
+    warnings = t.List(t.Unicode()).tag(sync=True)   # what a failed part of the analysis lost
     diagnoses = t.List(t.Dict()).tag(sync=True)
     selected = t.Unicode("").tag(sync=True)
     details = t.Dict().tag(sync=True)
@@ -79,6 +81,7 @@ class AutogradWidget(anywidget.AnyWidget):
         self.render_ms = (time.perf_counter() - start) * 1000
         self.summary = graph_summary(trace)
         self.error = trace.error or ""
+        self.warnings = list(trace.warnings)
         self.diagnoses = [_diagnosis_dict(d) for d in trace.diagnoses]
         self.source_name = filename or layout.main_file(trace)
         self.source = [{"line": i, "text": text.rstrip("\n")}
@@ -331,13 +334,23 @@ def static_bundle(trace: Trace, scene: Optional[layout.Scene] = None) -> Dict[st
     from .render import draw
 
     scene = scene or layout.build_scene(trace)
-    title = trace.diagnoses[0].title if trace.diagnoses else ""
     bundle = {"text/html": static_html(trace, scene), "text/plain": text_report(trace)}
     try:
-        bundle["image/png"] = base64.b64encode(draw.to_png(scene, title=title)).decode("ascii")
+        bundle["image/png"] = base64.b64encode(draw.to_png(scene, title=picture_title(trace))).decode("ascii")
     except Exception:  # the picture is a fallback: the HTML and the text still show
         pass
     return bundle
+
+
+def picture_title(trace: Trace) -> str:
+    """The PNG's caption: the first problem, and, when a part of the analysis failed, that it did
+    and what was lost (one line each)."""
+    lines = [trace.diagnoses[0].title] if trace.diagnoses else []
+    if trace.warnings:
+        lines = lines or [verdict(trace)]
+        lines += textwrap.wrap("%s: %s" % (INCOMPLETE, "; ".join(trace.warnings)), 110, max_lines=4,
+                               placeholder=" \u2026 (the text/html and text/plain outputs have it all)")
+    return "\n".join(lines)
 
 
 def static_html(trace: Trace, scene: Optional[layout.Scene] = None) -> str:
@@ -353,8 +366,10 @@ def static_html(trace: Trace, scene: Optional[layout.Scene] = None) -> str:
              '<style>.jp-OutputArea-child:has(.ja-static) + .jp-OutputArea-child:not(:has(.ja-root))'
              ' { display: none; }</style>',
              '<div style="font-weight: 700">jupyter-autograd: %s</div>' % esc(
-                 "%d problem%s found" % (len(trace.diagnoses), "" if len(trace.diagnoses) == 1 else "s")
-                 if trace.diagnoses else "no problems found")]
+                 verdict(trace) + ("; %s:" % INCOMPLETE if trace.warnings else ""))]
+    if trace.warnings:
+        parts.append('<ul style="margin: 2px 0 6px; color: var(--jp-error-color1, #c92a2a)">%s</ul>'
+                     % "".join("<li>%s</li>" % esc(w) for w in trace.warnings))
     if trace.error:
         parts.append('<div style="color: #c92a2a; font-family: monospace">The cell raised %s</div>'
                      % esc(trace.error.splitlines()[0]))

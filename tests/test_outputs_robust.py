@@ -2,6 +2,8 @@
 IPython cannot read, names Python reads otherwise than typed, names no picture can hold, a disk
 that fills up, an empty cell. Each output says so when the analysis is incomplete, and an
 interrupt during the report never turns a finished cell into an interrupted one."""
+import html
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -39,15 +41,21 @@ def broken_trace(name):
     return trace
 
 
-def drawn_texts(scene, title, monkeypatch):
-    """Every string the PNG draws, and every text of the SVG (which must parse as XML)."""
+def png_texts(draw_it, monkeypatch):
+    """Every string drawn in the PNGs that `draw_it()` makes."""
     from matplotlib.figure import Figure
 
     figures, savefig = [], Figure.savefig
     monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: (figures.append(self),
                                                                         savefig(self, *args, **kwargs))[1])
-    draw.to_png(scene, opened=list(scene.boxes), title=title)
-    png = [text.get_text() for figure in figures for axes in figure.axes for text in axes.texts]
+    draw_it()
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return [text.get_text() for figure in figures for axes in figure.axes for text in axes.texts]
+
+
+def drawn_texts(scene, title, monkeypatch):
+    """Every string the PNG draws, and every text of the SVG (which must parse as XML)."""
+    png = png_texts(lambda: draw.to_png(scene, opened=list(scene.boxes), title=title), monkeypatch)
     svg = ElementTree.fromstring(draw.to_svg(scene, opened=list(scene.boxes), title=title))
     return png, ["".join(node.itertext()) for node in svg.iter("{http://www.w3.org/2000/svg}text")]
 
@@ -161,3 +169,96 @@ def test_save_html_replaces_the_file_whole_and_keeps_the_usual_permissions(tmp_p
     save_html(trace, fresh)
     assert fresh.stat().st_mode & 0o777 == 0o666 & ~umask
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh.html", "report.html"]
+
+
+# -- an analysis that failed in part says so in every output ---------------------------------------
+
+BROKEN_CELL = "import torch\nx = torch.ones(3, requires_grad=True)\ny = x.exp()\ny += 1\n"
+
+
+@pytest.fixture
+def a_rule_fails(monkeypatch):
+    """A fault in one part of the analysis: the NaN rule raises."""
+    from jupyter_autograd.diagnose import flow
+
+    def fails(trace):
+        raise RuntimeError("injected fault in the NaN rule")
+
+    monkeypatch.setattr(flow, "nan_gradient", fails)
+
+
+def html_text(page):
+    """What a reader of the HTML sees (the SVG's labels and the styles left out)."""
+    page = re.sub(r"<(svg|style)\b.*?</\1>", "", page, flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", " ", page))
+
+
+def says_incomplete(text, warnings_said):
+    """The output says the analysis is incomplete and what was lost, and never a bare "no problems
+    found" (only "no problems found in what was analysed")."""
+    lowered = " ".join(text.split()).lower()
+    return ("the analysis is incomplete" in lowered and all(w.lower() in lowered for w in warnings_said)
+            and not re.search(r"no problems found(?! in what was analysed)", lowered))
+
+
+def test_every_output_says_the_analysis_is_incomplete(a_rule_fails, monkeypatch, tmp_path):
+    from jupyter_autograd.widget import AutogradWidget
+
+    x = torch.ones(3, requires_grad=True)
+    with ja.capture() as trace:
+        y = x.exp()
+        y += 1
+    assert trace.warnings and any("injected fault" in w for w in trace.warnings)
+    lost = [" ".join(w.split()) for w in trace.warnings]
+    assert says_incomplete(trace.report(), lost), trace.report()
+    bundles = []
+    png = png_texts(lambda: bundles.append(static_bundle(trace)), monkeypatch)
+    assert "image/png" in bundles[0] and any("the analysis is incomplete" in text for text in png), png
+    assert says_incomplete(bundles[0]["text/plain"], lost), bundles[0]["text/plain"]
+    assert says_incomplete(html_text(bundles[0]["text/html"]), lost), bundles[0]["text/html"]
+    widget = AutogradWidget(trace)  # widget.js draws them (tests/test_browser_robust.py)
+    assert [" ".join(w.split()) for w in widget.warnings] == lost
+    saved = save_html(trace, tmp_path / "report.html").read_text()
+    assert says_incomplete(html_text(saved.split('<script type="application/json"')[0]), lost)
+
+
+def test_the_magic_says_it_in_every_mode(shell, a_rule_fails):
+    for flags in ("--text", "", "-q"):
+        result, cap = run(shell, "%%autograd " + flags + "\n" + BROKEN_CELL)
+        assert result.success
+        shown = cap.stdout + "\n".join(o.data.get("text/plain", "") + o.data.get("text/html", "")
+                                       for o in cap.outputs)
+        assert "the analysis is incomplete" in shown and "injected fault in the NaN rule" in shown, (flags, shown)
+        assert not re.search(r"no problems found(?! in what was analysed)", shown.lower()), (flags, shown)
+
+
+def test_the_pytest_plugin_says_it(tmp_path):
+    (tmp_path / "conftest.py").write_text(textwrap.dedent("""
+        import pytest
+
+        @pytest.fixture(autouse=True)
+        def a_rule_fails(monkeypatch):
+            from jupyter_autograd.diagnose import flow
+
+            def fails(trace):
+                raise RuntimeError("injected fault in the NaN rule")
+
+            monkeypatch.setattr(flow, "nan_gradient", fails)
+        """))
+    (tmp_path / "test_step.py").write_text(textwrap.dedent("""
+        import torch
+
+        def test_silent_corruption():
+            a = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+            out = a.sigmoid()
+            out.data.zero_()
+            out.sum().backward()
+        """))
+    installed = any(ep.value == "jupyter_autograd.pytest_plugin"
+                    for ep in importlib.metadata.entry_points(group="pytest11"))
+    load = [] if installed else ["-p", "jupyter_autograd.pytest_plugin"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *load, "-rA", "--autograd"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    text = " ".join(proc.stdout.split())
+    assert "the analysis is incomplete" in text and "injected fault in the NaN rule" in text, proc.stdout
