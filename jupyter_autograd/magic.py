@@ -155,11 +155,12 @@ class _CellCapture:
                 self.magics.shell.user_ns[self.args.output] = trace
             self.magics._show(trace, self.args, self.filename)
         except KeyboardInterrupt:
+            # The cell's statements are over: an interrupt now stops the tool's work, not the cell,
+            # whose result (or own exception) stands; the output says the report was cut short.
             self.recorder.close()  # an interrupt as the capture ended: leave none of its hooks behind
-            self.magics._value = None  # a cell that stops keeps nothing of the user's alive
-            if exc is None:  # an interrupt during our report still stops "Run All"
-                raise
-            # else: the user's own exception is the one to see
+            if exc is not None:
+                self.magics._value = None  # a cell that stops keeps nothing of the user's alive
+            _say_the_report_was_interrupted(self.args.output, raised=exc is not None)
         return False
 
 
@@ -261,6 +262,19 @@ class _ShowExpressions(ast.NodeTransformer):
         return node
 
     visit_AsyncFunctionDef = visit_ClassDef = visit_FunctionDef
+
+
+def _say_the_report_was_interrupted(kept_as, raised):
+    message = "jupyter-autograd: the report was interrupted, not the cell: %s" % (
+        "its own exception follows." if raised else "it had run to its end, and its result stands.")
+    if kept_as is not None:
+        message += " `%s.report()` or `%s.show()` shows the report." % (kept_as, kept_as)
+    for _ in range(3):  # a press again while this line is written: write it again
+        try:
+            print(message)
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 def _end_traceback_before_the_tool(exc):

@@ -79,3 +79,48 @@ def test_an_interrupt_stops_run_all(kernel, first_line):
     _, messages = execute(client, "'finished' in globals(), 'next_cell_ran' in globals(), "
                                       "torch._C._len_torch_function_stack()")
     assert results(messages) == ["(False, False, 0)"]
+
+
+def test_an_interrupt_during_the_report_stops_the_report_not_the_cell(kernel):
+    """The kernel's interrupt (a real SIGINT) after the cell's last statement, while the report is
+    drawn: the cell finished, so it succeeds with its result; "Run All" goes on; the output says
+    the report was cut short; none of the tool's frames shows."""
+    manager, client = kernel
+    # The picture waits, so that the interrupt surely lands in the report.
+    reply, _ = execute(client, "import time, jupyter_autograd.render.draw as draw_module\n"
+                               "to_png = draw_module.to_png\n"
+                               "def waits(*args, **kwargs):\n    time.sleep(60)\n    return to_png(*args, **kwargs)\n"
+                               "draw_module.to_png = waits")
+    assert reply["status"] == "ok"
+    try:
+        busy = client.execute("%%autograd\nimport torch\nx = torch.ones(2, requires_grad=True)\ny = x.exp()\n"
+                              "y += 1\nprint('statements done')\n41 + 1")
+        queued = client.execute("next_cell_ran = True")  # the next cell of "Run All"
+        shown = []
+        while not any("statements done" in text for text in shown):
+            message = client.get_iopub_msg(timeout=120)
+            if message["parent_header"].get("msg_id") == busy and message["msg_type"] == "stream":
+                shown.append(message["content"]["text"])
+        time.sleep(0.5)
+        manager.interrupt_kernel()
+        replies = {}
+        while len(replies) < 2:
+            message = client.get_shell_msg(timeout=120)
+            replies[message["parent_header"]["msg_id"]] = message["content"]
+        outputs = []
+        while True:
+            message = client.get_iopub_msg(timeout=60)
+            if message["parent_header"].get("msg_id") != busy:
+                continue
+            if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+                break
+            outputs.append(message)
+    finally:
+        execute(client, "draw_module.to_png = to_png")
+    assert replies[busy]["status"] == "ok", replies[busy]
+    assert replies[queued]["status"] == "ok"
+    assert results(outputs) == ["42"]
+    text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+    assert "the report was interrupted" in text and "KeyboardInterrupt" not in text, text
+    _, messages = execute(client, "next_cell_ran")
+    assert results(messages) == ["True"]

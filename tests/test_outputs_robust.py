@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 import xml.etree.ElementTree as ElementTree
 
@@ -262,3 +263,85 @@ def test_the_pytest_plugin_says_it(tmp_path):
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     text = " ".join(proc.stdout.split())
     assert "the analysis is incomplete" in text and "injected fault in the NaN rule" in text, proc.stdout
+
+
+# -- an interrupt during the report --------------------------------------------------------------
+
+REPORT_STAGES = [  # (module, function): the report's own work, in the order it runs
+    ("jupyter_autograd.diagnose", "diagnose"),      # the trace is built when the report first reads it
+    ("jupyter_autograd.render.layout", "build_scene"),
+    ("jupyter_autograd.render.draw", "to_png"),
+    ("jupyter_autograd.widget", "static_html"),
+]
+
+
+@pytest.fixture
+def interrupts_for_the_cell_only():
+    """SIGINT raises KeyboardInterrupt only while a cell runs: one that came late never stops pytest."""
+    import signal
+
+    in_cell = [False]
+
+    def handler(signum, frame):
+        if in_cell[0]:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield in_cell
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def interrupted_in(monkeypatch, module, function):
+    """When `function` is called, a real SIGINT from another thread, as Jupyter's interrupt button
+    sends; the call waits for it to land."""
+    import importlib
+    import signal
+    import threading
+
+    target = importlib.import_module(module)
+    original = getattr(target, function)
+    reached = threading.Event()
+
+    def press():
+        if reached.wait(60):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def running(*args, **kwargs):
+        reached.set()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the interrupt lands here, as the stage starts
+            time.sleep(0.001)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(target, function, running)
+    presser = threading.Thread(target=press, daemon=True)
+    presser.start()
+    return presser
+
+
+@pytest.mark.parametrize("flags, module, function",
+                         [("", module, function) for module, function in REPORT_STAGES]
+                         + [("--text -o kept", "jupyter_autograd.diagnose", "diagnose")],
+                         ids=[f for _, f in REPORT_STAGES] + ["text-diagnose"])
+def test_an_interrupt_during_the_report_leaves_the_finished_cell_finished(
+        shell, monkeypatch, interrupts_for_the_cell_only, flags, module, function):
+    shell.run_cell("import torch")
+    presser = interrupted_in(monkeypatch, module, function)
+    interrupts_for_the_cell_only[0] = True
+    try:
+        result, cap = run(shell, ("%%autograd " + flags).strip() + "\nx = torch.ones(3, requires_grad=True)\n"
+                                  "y = x.exp()\ny += 1\nfinished = True\ny.detach() * 2\n")
+    finally:
+        interrupts_for_the_cell_only[0] = False
+    presser.join(5)
+    assert not presser.is_alive(), "the report never reached %s" % function
+    shown = cap.stdout + cap.stderr
+    assert result.error_in_exec is None and result.success, shown
+    assert shell.user_ns["finished"] is True
+    assert torch.equal(result.result, shell.user_ns["y"].detach() * 2) and "Out[" in shown  # its value, shown
+    assert "KeyboardInterrupt" not in shown and "Traceback" not in shown and "magic.py" not in shown, shown
+    said = shown + "\n".join(o.data.get("text/plain", "") for o in cap.outputs)
+    assert "report was interrupted" in said, said
+    assert shell.magics_manager.registry["AutogradMagics"]._value is None  # nothing of the cell kept
