@@ -23,6 +23,7 @@ import os
 import re
 import sys
 import unicodedata
+import weakref
 
 from IPython.core.error import UsageError
 from IPython.core.inputtransformer2 import leading_indent
@@ -42,6 +43,7 @@ _MAGICS = "get_ipython().magics_manager.registry['AutogradMagics']"
 @magics_class
 class AutogradMagics(Magics):
     _value = None  # the value of a rewritten cell's last expression, on its way out of the block
+    _widgets = None  # the _WidgetsOfCells that closes the widgets no output shows any more
 
     @magic_arguments()
     @argument("-o", "--output", metavar="NAME", default=None,
@@ -374,9 +376,101 @@ def _call(method, *args):
     return call
 
 
+class _WidgetsOfCells:
+    """Closes the widgets of ours that no output shows any more, so that their traces can go.
+
+    ipywidgets keeps every widget, and so its Trace, until it is closed, and a front end that
+    replaces or clears an output never tells the kernel. A widget belongs to the output of the
+    cell whose run made it (Jupyter sends each run's cell id); it is closed when that cell runs
+    again or is deleted (JupyterLab sends the ids of deleted cells with the next run), or when the
+    cell clears its output: at once for `clear_output()`, and for `clear_output(wait=True)`, which
+    keeps the output until something new is shown, at the next clear. Without a cell id (a
+    terminal, another front end) nothing is closed: no output is known to be gone."""
+
+    def __init__(self, shell):
+        self.shell = shell
+        self.of_cell = {}   # cell id -> weak references to the widgets its latest run made
+        self.cell = None    # the running cell's id
+        self.run = []       # the widgets this run made (the list in of_cell)
+        self.replaced = []  # of them, shown before a clear_output(wait=True): replaced by what followed
+
+    def start(self):
+        from . import widget
+
+        self.shell.events.register("pre_run_cell", self.pre_run_cell)
+        self.shell.events.register("post_run_cell", self.post_run_cell)
+        widget.made.append(self.made)
+        register_hook = getattr(self.shell.display_pub, "register_hook", None)  # ipykernel's
+        if register_hook is not None:
+            register_hook(self.published)
+        return self
+
+    def stop(self):
+        from . import widget
+
+        for event, callback in (("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)):
+            try:
+                self.shell.events.unregister(event, callback)
+            except ValueError:
+                pass
+        if self.made in widget.made:
+            widget.made.remove(self.made)
+        unregister_hook = getattr(self.shell.display_pub, "unregister_hook", None)
+        if unregister_hook is not None:
+            unregister_hook(self.published)
+
+    def pre_run_cell(self, info):
+        self.cell = getattr(info, "cell_id", None)
+        deleted = (getattr(info, "cell_meta", None) or {}).get("deletedCells") or []
+        for cell in [self.cell, *deleted]:
+            _close(self.of_cell.pop(cell, []))
+        self.run, self.replaced = [], []
+        if self.cell is not None:
+            self.of_cell[self.cell] = self.run
+
+    def post_run_cell(self, result):
+        self.cell = None  # a widget made between runs belongs to no output we know
+
+    def made(self, widget):
+        if self.cell is not None:
+            self.run.append(weakref.ref(widget))
+
+    def published(self, message):
+        """ipykernel's display publisher hook: sees every display message (and returns it)."""
+        try:
+            if self.cell is not None and message.get("msg_type") == "clear_output":
+                if message.get("content", {}).get("wait"):
+                    _close(self.replaced)
+                    self.run[:] = [ref for ref in self.run if ref not in self.replaced and ref() is not None]
+                    self.replaced = list(self.run)
+                else:
+                    _close(self.run)
+                    self.run.clear()
+                    self.replaced = []
+        except Exception:  # the user's output goes out, whatever happens here
+            pass
+        return message
+
+
+def _close(widgets):
+    for ref in widgets:
+        widget = ref()
+        if widget is not None:
+            try:
+                widget.close()
+            except Exception:
+                pass
+
+
 def load(ipython):
     _remove_rewrite(ipython)
+    _stop_watching_widgets(ipython)
     ipython.register_magics(AutogradMagics)
+    magics = ipython.magics_manager.registry["AutogradMagics"]
+    try:
+        magics._widgets = _WidgetsOfCells(ipython).start()
+    except ImportError:  # no widget library: no widget to close
+        pass
     rewrite = _CellRewrite(ipython)
     ipython.input_transformers_cleanup.append(rewrite)
     ipython.ast_transformers.append(rewrite)
@@ -386,8 +480,15 @@ def unload(ipython):
     magics = ipython.magics_manager.magics
     if magics["cell"].get("autograd") is not None:
         del magics["cell"]["autograd"]
+    _stop_watching_widgets(ipython)
     ipython.magics_manager.registry.pop("AutogradMagics", None)
     _remove_rewrite(ipython)
+
+
+def _stop_watching_widgets(ipython):
+    watcher = getattr(ipython.magics_manager.registry.get("AutogradMagics"), "_widgets", None)
+    if watcher is not None:
+        watcher.stop()
 
 
 def _remove_rewrite(ipython):

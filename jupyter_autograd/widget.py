@@ -24,7 +24,7 @@ import pathlib
 import secrets
 import textwrap
 import time
-from typing import Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 import anywidget
 import traitlets as t
@@ -36,9 +36,17 @@ from .render.text import INCOMPLETE, graph_summary, text_report, verdict
 _HERE = pathlib.Path(__file__).parent
 
 
+# Called with each AutogradWidget made. ipywidgets keeps every widget, and so its Trace, until it is
+# closed, and a front end that replaces or clears an output never tells the kernel: the shell side
+# (magic.py) watches here, to close the widgets that no output shows any more.
+made: List[Callable[["AutogradWidget"], None]] = []
+
+
 class AutogradWidget(anywidget.AnyWidget):
-    _esm = _HERE / "widget.js"
-    _css = _HERE / "widget.css"
+    # Their text, not their paths: anywidget ties every widget made with a file path to that file's
+    # change signal with a strong reference, and no widget would ever be freed.
+    _esm = (_HERE / "widget.js").read_text(encoding="utf-8")
+    _css = (_HERE / "widget.css").read_text(encoding="utf-8")
 
     scene = t.Dict().tag(sync=True)
     summary = t.Unicode("").tag(sync=True)
@@ -68,6 +76,18 @@ class AutogradWidget(anywidget.AnyWidget):
             raise TypeError("AutogradWidget(trace) takes the Trace from `with jupyter_autograd.capture() as trace:`"
                             " or from `%%%%autograd -o NAME`; got %s" % type(trace).__name__)
         super().__init__(**kwargs)
+        try:
+            self._fill(trace, filename, max_children)
+        except BaseException:  # an error or an interrupt: ipywidgets would keep the half-made widget for good
+            self.close()
+            raise
+        for callback in list(made):
+            try:
+                callback(self)
+            except Exception:  # whoever watches must never stop the widget from being made
+                pass
+
+    def _fill(self, trace: Trace, filename: Optional[str], max_children: int) -> None:
         self._trace = trace
         self._max_children = max_children
         self._static_elsewhere = False   # display_trace shows the static pictures in an output of their own
@@ -399,8 +419,12 @@ def display_trace(trace: Trace, filename: Optional[str] = None) -> None:
 
     widget = AutogradWidget(trace, filename=filename)
     widget._static_elsewhere = True
-    display(widget.static_bundle(), raw=True)
-    display(widget)
+    try:
+        display(widget.static_bundle(), raw=True)
+        display(widget)
+    except BaseException:  # never shown: ipywidgets would keep it, and the trace, for good
+        widget.close()
+        raise
 
 
 def save_html(trace: Trace, path, filename: Optional[str] = None) -> pathlib.Path:

@@ -124,3 +124,101 @@ def test_an_interrupt_during_the_report_stops_the_report_not_the_cell(kernel):
     assert "the report was interrupted" in text and "KeyboardInterrupt" not in text, text
     _, messages = execute(client, "next_cell_ran")
     assert results(messages) == ["True"]
+
+
+# -- memory across cells: a widget lives as long as an output shows it --------------------------------
+
+@pytest.fixture(scope="module")
+def measured_kernel():
+    """A kernel of its own, tracing its Python allocations (tracemalloc) from before the extension."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    manager, client = start_new_kernel(kernel_name="python3", env=env, startup_timeout=120)
+    try:
+        reply, _ = execute(client, "import tracemalloc\ntracemalloc.start()\n%load_ext jupyter_autograd")
+        assert reply["status"] == "ok"
+        yield client
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def run_cell(client, code, cell_id, deleted=()):
+    """Run code as JupyterLab runs a cell: with the cell's id (and the ids of cells deleted since)."""
+    content = {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False,
+               "stop_on_error": True}
+    metadata = {"cellId": cell_id, "deletedCells": list(deleted)}
+    message = client.session.msg("execute_request", content, metadata=metadata)
+    client.shell_channel.send(message)
+    while True:
+        reply = client.get_shell_msg(timeout=300)
+        if reply["parent_header"]["msg_id"] == message["header"]["msg_id"]:
+            assert reply["content"]["status"] == "ok", reply["content"]
+            return
+
+
+def alive(client):
+    """(bytes Python holds, live Trace objects, live AutogradWidget objects), after a collection."""
+    _, messages = execute(client, "import gc as _gc, tracemalloc as _tm, jupyter_autograd as _ja\n_gc.collect()\n"
+                                  "from jupyter_autograd.widget import AutogradWidget as _W\n"
+                                  "(_tm.get_traced_memory()[0], sum(type(_o) is _ja.Trace for _o in _gc.get_objects()),"
+                                  " sum(isinstance(_o, _W) for _o in _gc.get_objects()))")
+    return tuple(int(v) for v in results(messages)[0].strip("()").split(","))
+
+
+LOOP_CELL = """%%autograd
+import torch
+torch.manual_seed(0)
+net = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+for step in range(50):
+    loss = net(torch.randn(4, 8)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_memory_stays_flat_across_reruns_of_a_cell(measured_kernel):
+    client = measured_kernel
+    for _ in range(3):
+        run_cell(client, LOOP_CELL, "the-loop-cell")
+    start, traces, widgets = alive(client)
+    for _ in range(17):
+        run_cell(client, LOOP_CELL, "the-loop-cell")
+    end, traces_end, widgets_end = alive(client)
+    assert (traces_end, widgets_end) == (traces, widgets) == (1, 1)  # the live output's own
+    assert (end - start) / 17 < 64 * 1024, "%.0f KiB per re-run" % ((end - start) / 17 / 1024)
+
+
+def test_each_cell_keeps_only_what_its_output_shows(measured_kernel):
+    client = measured_kernel
+    small = "%%autograd\nimport torch\nw = torch.ones(3, requires_grad=True)\n(w * {i}).sum().backward()\n"
+    run_cell(client, small.format(i=0), "warm-up")
+    start, traces, widgets = alive(client)
+    for i in range(1, 31):
+        run_cell(client, small.format(i=i), "cell-%d" % i)
+    end, traces_30, widgets_30 = alive(client)
+    assert (traces_30 - traces, widgets_30 - widgets) == (30, 30)  # one per output that shows one
+    assert (end - start) / 30 <= 64 * 1024, "%.0f KiB per cell" % ((end - start) / 30 / 1024)
+    for i in range(1, 31):  # each cell again: its new output replaces the old one
+        run_cell(client, small.format(i=i), "cell-%d" % i)
+    assert alive(client)[1:] == (traces_30, widgets_30)
+    # Deleted cells (JupyterLab says which with the next run): their widgets go.
+    run_cell(client, "pass", "another-cell", deleted=["cell-%d" % i for i in range(1, 11)])
+    assert alive(client)[1:] == (traces_30 - 10, widgets_30 - 10)
+    # Nothing shown, nothing kept: -q without a problem, and the text report.
+    run_cell(client, "%%autograd -q\n" + small.format(i=1).split("\n", 1)[1], "quiet-cell")
+    run_cell(client, "%%autograd --text\n" + small.format(i=1).split("\n", 1)[1], "text-cell")
+    assert alive(client)[1:] == (traces_30 - 10, widgets_30 - 10)
+
+
+def test_a_cleared_output_lets_its_widgets_go(measured_kernel):
+    client = measured_kernel
+    run_cell(client, "%%autograd -q -o kept\nimport torch\nv = torch.ones(2, requires_grad=True)\n(v * 2).sum().backward()",
+             "kept-cell")
+    _, traces, widgets = alive(client)
+    loop = "from IPython.display import clear_output\nfor _ in range(10):\n    clear_output({wait})\n    kept.show()\n"
+    run_cell(client, loop.format(wait="wait=True"), "shows-again-and-again")
+    assert alive(client)[1:] == (traces, widgets + 2)  # shown, and the one it replaced (gone at the next clear)
+    run_cell(client, loop.format(wait="") + "clear_output()\n", "clears-at-the-end")
+    assert alive(client)[1:] == (traces, widgets + 2)  # none of its own

@@ -345,3 +345,17 @@ def test_an_interrupt_during_the_report_leaves_the_finished_cell_finished(
     said = shown + "\n".join(o.data.get("text/plain", "") for o in cap.outputs)
     assert "report was interrupted" in said, said
     assert shell.magics_manager.registry["AutogradMagics"]._value is None  # nothing of the cell kept
+
+
+def test_the_widget_watch_is_installed_once_and_removed_with_the_extension(shell):
+    from jupyter_autograd import widget
+
+    def watchers():
+        return [c for c in shell.events.callbacks["pre_run_cell"] if type(getattr(c, "__self__", None)).__name__ == "_WidgetsOfCells"]
+
+    assert len(watchers()) == 1 and len(widget.made) == 1
+    shell.run_line_magic("reload_ext", "jupyter_autograd")
+    assert len(watchers()) == 1 and len(widget.made) == 1
+    shell.run_line_magic("unload_ext", "jupyter_autograd")
+    assert watchers() == [] and widget.made == []
+    shell.run_line_magic("load_ext", "jupyter_autograd")  # as the fixture expects to find it
