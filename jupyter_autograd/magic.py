@@ -468,8 +468,11 @@ def load(ipython):
     ipython.register_magics(AutogradMagics)
     magics = ipython.magics_manager.registry["AutogradMagics"]
     try:
+        from .widget import warm_up
+
         magics._widgets = _WidgetsOfCells(ipython).start()
-    except ImportError:  # no widget library: no widget to close
+        warm_up()
+    except Exception:  # no widget library, say: each report says what it lacks when it runs
         pass
     rewrite = _CellRewrite(ipython)
     ipython.input_transformers_cleanup.append(rewrite)

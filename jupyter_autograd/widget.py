@@ -411,6 +411,14 @@ def static_html(trace: Trace, scene: Optional[layout.Scene] = None) -> str:
     return "".join(parts)
 
 
+def warm_up() -> None:
+    """Import and draw once what a report needs (matplotlib, its fonts), as the extension loads.
+    Done by the first report of a kernel instead, it made that cell 1.5 s longer; a failing cell
+    that runs longer sees more of the cells run after it reach the kernel while it runs, and
+    Jupyter aborts those (ipykernel's stop_on_error)."""
+    static_bundle(Trace())
+
+
 def display_trace(trace: Trace, filename: Optional[str] = None) -> None:
     """Show the static pictures and the widget as two outputs: the first stands in for the
     second wherever the widget cannot be drawn (no kernel, GitHub, nbconvert); where it can,

@@ -222,3 +222,57 @@ def test_a_cleared_output_lets_its_widgets_go(measured_kernel):
     assert alive(client)[1:] == (traces, widgets + 2)  # shown, and the one it replaced (gone at the next clear)
     run_cell(client, loop.format(wait="") + "clear_output()\n", "clears-at-the-end")
     assert alive(client)[1:] == (traces, widgets + 2)  # none of its own
+
+
+# -- a failing cell and the cells queued behind it ----------------------------------------------------
+# ipykernel aborts the execute requests that reach it while a failing request runs (stop_on_error,
+# which JupyterLab sends unless the cell is tagged raises-exception). Which cells that is depends on
+# how long the failing cell runs: the first report of a kernel imported matplotlib and the widget
+# libraries and drew its first picture, 1.5 s, and a cell run by hand just after the first failing
+# %%autograd cell was aborted where it ran after a plain failing cell.
+
+FAILING_BODY = "import torch\nx = torch.ones(2, requires_grad=True)\ny = x.exp()\ny += 1\ny.sum().backward()\n"
+
+
+@pytest.fixture
+def fresh_kernel():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    manager, client = start_new_kernel(kernel_name="python3", env=env, startup_timeout=120)
+    try:
+        reply, _ = execute(client, "%load_ext jupyter_autograd")
+        assert reply["status"] == "ok"
+        yield client
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def test_the_first_failing_cell_of_a_kernel_does_no_first_time_work(fresh_kernel):
+    client = fresh_kernel
+    plain, _ = execute(client, "# plain\n" + FAILING_BODY)  # IPython's first traceback imports its own modules
+    assert plain["status"] == "error"
+    execute(client, "import sys\nbefore = set(sys.modules)")
+    magic, messages = execute(client, "%%autograd\n" + FAILING_BODY)
+    assert magic["status"] == "error" and (magic["ename"], magic["evalue"]) == (plain["ename"], plain["evalue"])
+    assert any("application/vnd.jupyter.widget-view+json" in m["content"].get("data", {}) for m in messages)
+    _, messages = execute(client, "sorted(set(sys.modules) - before)")
+    assert results(messages) == ["[]"]  # all of it done as the extension loaded
+
+
+def run_with_the_next_cell_queued(client, failing, stop_on_error):
+    """Send a failing cell and the next one at once, as "Run All" does; the two replies' statuses."""
+    first = client.execute(failing, stop_on_error=stop_on_error)
+    queued = client.execute("next_cell_ran = True")
+    replies = {}
+    while len(replies) < 2:
+        message = client.get_shell_msg(timeout=120)
+        replies[message["parent_header"]["msg_id"]] = message["content"]["status"]
+    return replies[first], replies[queued]
+
+
+@pytest.mark.parametrize("stop_on_error", [False, True], ids=["tagged-raises-exception", "untagged"])
+def test_the_cell_after_the_first_failing_cell_runs_as_after_a_plain_one(fresh_kernel, stop_on_error):
+    client = fresh_kernel
+    magic = run_with_the_next_cell_queued(client, "%%autograd\n" + FAILING_BODY, stop_on_error)
+    plain = run_with_the_next_cell_queued(client, "# plain\n" + FAILING_BODY, stop_on_error)
+    assert magic == plain == ("error", "aborted" if stop_on_error else "ok")
