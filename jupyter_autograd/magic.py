@@ -472,7 +472,7 @@ def load(ipython):
 
         magics._widgets = _WidgetsOfCells(ipython).start()
         warm_up()
-    except Exception:  # no widget library, say: each report says what it lacks when it runs
+    except Exception:  # a widget library or matplotlib missing: each report says so when it runs
         pass
     rewrite = _CellRewrite(ipython)
     ipython.input_transformers_cleanup.append(rewrite)

@@ -99,4 +99,3 @@ def pytest_runtest_call(item):
     if trace.warnings:  # passed, but only what was analysed: said in the warnings summary
         item.warn(AnalysisIncomplete(trace.report()))
     return result
-

@@ -72,7 +72,8 @@ def lab_with(tmp_path):
         (settings / "apputils-extension" / "notification.jupyterlab-settings").write_text(
             json.dumps({"fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True}))
         (settings / "notebook-extension").mkdir()
-        (settings / "notebook-extension" / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+        (settings / "notebook-extension" / "tracker.jupyterlab-settings").write_text(
+            json.dumps({"windowingMode": "none"}))  # every cell rendered, also off screen
         port, token = _free_port(), secrets.token_hex(16)
         log = open(tmp_path / "server.log", "w")
         proc = subprocess.Popen(

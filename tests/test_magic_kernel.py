@@ -214,8 +214,8 @@ def test_each_cell_keeps_only_what_its_output_shows(measured_kernel):
 
 def test_a_cleared_output_lets_its_widgets_go(measured_kernel):
     client = measured_kernel
-    run_cell(client, "%%autograd -q -o kept\nimport torch\nv = torch.ones(2, requires_grad=True)\n(v * 2).sum().backward()",
-             "kept-cell")
+    run_cell(client, "%%autograd -q -o kept\nimport torch\nv = torch.ones(2, requires_grad=True)\n"
+                     "(v * 2).sum().backward()", "kept-cell")
     _, traces, widgets = alive(client)
     loop = "from IPython.display import clear_output\nfor _ in range(10):\n    clear_output({wait})\n    kept.show()\n"
     run_cell(client, loop.format(wait="wait=True"), "shows-again-and-again")

@@ -351,7 +351,8 @@ def test_the_widget_watch_is_installed_once_and_removed_with_the_extension(shell
     from jupyter_autograd import widget
 
     def watchers():
-        return [c for c in shell.events.callbacks["pre_run_cell"] if type(getattr(c, "__self__", None)).__name__ == "_WidgetsOfCells"]
+        return [callback for callback in shell.events.callbacks["pre_run_cell"]
+                if type(getattr(callback, "__self__", None)).__name__ == "_WidgetsOfCells"]
 
     assert len(watchers()) == 1 and len(widget.made) == 1
     shell.run_line_magic("reload_ext", "jupyter_autograd")

@@ -441,8 +441,8 @@ def _boxes(trace: Trace, scene: Scene, max_children: int) -> None:
             parent = stack[-1][1] if stack else ROOT
             cls = trace.modules.get(name, "")
             label = clip(name if parent == ROOT else _box_label(name))
-            boxes[box_id] = Box(box_id, "module", label, clip(cls) + (" (call %d)" % calls[name] if calls[name] > 1 else ""),
-                                name, parent, first=float(op.index))
+            sub = clip(cls) + (" (call %d)" % calls[name] if calls[name] > 1 else "")
+            boxes[box_id] = Box(box_id, "module", label, sub, name, parent, first=float(op.index))
             stack.append((name, box_id))
         call_of_op[op.index] = stack[-1][1] if stack else ROOT
 
