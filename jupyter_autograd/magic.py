@@ -22,6 +22,8 @@ import keyword
 import os
 import re
 import sys
+import unicodedata
+import weakref
 
 from IPython.core.error import UsageError
 from IPython.core.inputtransformer2 import leading_indent
@@ -41,12 +43,13 @@ _MAGICS = "get_ipython().magics_manager.registry['AutogradMagics']"
 @magics_class
 class AutogradMagics(Magics):
     _value = None  # the value of a rewritten cell's last expression, on its way out of the block
+    _widgets = None  # the _WidgetsOfCells that closes the widgets no output shows any more
 
     @magic_arguments()
     @argument("-o", "--output", metavar="NAME", default=None,
               help="Store the Trace (ops, graph, diagnoses) in the variable NAME of the user namespace.")
     @argument("-q", "--quiet", action="store_true",
-              help="Record, but display nothing unless a problem was found.")
+              help="Record, but display nothing unless a problem was found (or a part of the analysis failed).")
     @argument("--text", action="store_true",
               help="Show the plain-text report instead of the interactive widget.")
     @argument("--nan", action="store_true",
@@ -65,6 +68,8 @@ class AutogradMagics(Magics):
             print(self.autograd.__doc__)
             return None
         _parse(line)
+        if not cell.strip():  # IPython's own words for an empty body (it says them for "" itself)
+            raise UsageError("%%autograd is a cell magic, but the cell body is empty.")
         return self._run_here(line, cell)
 
     def _run_here(self, line, cell):
@@ -102,7 +107,7 @@ class AutogradMagics(Magics):
         sys.displayhook(value)
 
     def _show(self, trace, args, filename):
-        if args.quiet and not trace.diagnoses:
+        if args.quiet and not trace.diagnoses and not trace.warnings:  # a failed analysis is said, always
             return
         try:
             from IPython.display import display
@@ -152,11 +157,12 @@ class _CellCapture:
                 self.magics.shell.user_ns[self.args.output] = trace
             self.magics._show(trace, self.args, self.filename)
         except KeyboardInterrupt:
+            # The cell's statements are over: an interrupt now stops the tool's work, not the cell,
+            # whose result (or own exception) stands; the output says the report was cut short.
             self.recorder.close()  # an interrupt as the capture ended: leave none of its hooks behind
-            self.magics._value = None  # a cell that stops keeps nothing of the user's alive
-            if exc is None:  # an interrupt during our report still stops "Run All"
-                raise
-            # else: the user's own exception is the one to see
+            if exc is not None:
+                self.magics._value = None  # a cell that stops keeps nothing of the user's alive
+            _say_the_report_was_interrupted(self.args.output, raised=exc is not None)
         return False
 
 
@@ -176,8 +182,9 @@ class _CellRewrite:
     def __call__(self, lines):
         flags = _flags(lines[0].rstrip()) if lines else None
         body = lines[1:]
-        if flags is None or (body and body[0].startswith("%%")) or self not in self.shell.ast_transformers:
-            return lines  # not ours, or the magic function runs it
+        if (flags is None or (body and body[0].startswith("%%")) or not "".join(body).strip()
+                or self not in self.shell.ast_transformers):
+            return lines  # not ours, or the magic function runs it (or says the cell is empty)
         try:
             _parse(flags)
         except UsageError:
@@ -259,6 +266,19 @@ class _ShowExpressions(ast.NodeTransformer):
     visit_AsyncFunctionDef = visit_ClassDef = visit_FunctionDef
 
 
+def _say_the_report_was_interrupted(kept_as, raised):
+    message = "jupyter-autograd: the report was interrupted, not the cell: %s" % (
+        "its own exception follows." if raised else "it had run to its end, and its result stands.")
+    if kept_as is not None:
+        message += " `%s.report()` or `%s.show()` shows the report." % (kept_as, kept_as)
+    for _ in range(3):  # a press again while this line is written: write it again
+        try:
+            print(message)
+            return
+        except KeyboardInterrupt:
+            continue
+
+
 def _end_traceback_before_the_tool(exc):
     """An interrupt that landed in the tool's code (recording an op) reads as if it had landed
     in the user's call: the traceback ends before the tool's frames and torch's frames that
@@ -278,9 +298,14 @@ def _end_traceback_before_the_tool(exc):
 
 def _parse(line):
     """The flags, or a UsageError that says what is wrong with them."""
-    args = parse_argstring(AutogradMagics.autograd, line)
+    try:
+        args = parse_argstring(AutogradMagics.autograd, line)
+    except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
+        raise UsageError("%%%%autograd could not read its flags %r: %s" % (line, exc)) from None
     name = args.output
     if name is not None:
+        # As Python reads an identifier (NFKC): `-o ｘｙ` is the variable the cell's `ｘｙ` reads, `xy`.
+        name = args.output = unicodedata.normalize("NFKC", name)
         if keyword.iskeyword(name):
             raise UsageError("%%%%autograd -o %s: %r is a Python keyword, not a variable name" % (name, name))
         if not name.isidentifier():
@@ -363,9 +388,104 @@ class _CellNames:
         return None if number is None else "In [%s]" % number
 
 
+class _WidgetsOfCells:
+    """Closes the widgets of ours that no output shows any more, so that their traces can go.
+
+    ipywidgets keeps every widget, and so its Trace, until it is closed, and a front end that
+    replaces or clears an output never tells the kernel. A widget belongs to the output of the
+    cell whose run made it (Jupyter sends each run's cell id); it is closed when that cell runs
+    again or is deleted (JupyterLab sends the ids of deleted cells with the next run), or when the
+    cell clears its output: at once for `clear_output()`, and for `clear_output(wait=True)`, which
+    keeps the output until something new is shown, at the next clear. Without a cell id (a
+    terminal, another front end) nothing is closed: no output is known to be gone."""
+
+    def __init__(self, shell):
+        self.shell = shell
+        self.of_cell = {}   # cell id -> weak references to the widgets its latest run made
+        self.cell = None    # the running cell's id
+        self.run = []       # the widgets this run made (the list in of_cell)
+        self.replaced = []  # of them, shown before a clear_output(wait=True): replaced by what followed
+
+    def start(self):
+        from . import widget
+
+        self.shell.events.register("pre_run_cell", self.pre_run_cell)
+        self.shell.events.register("post_run_cell", self.post_run_cell)
+        widget.made.append(self.made)
+        register_hook = getattr(self.shell.display_pub, "register_hook", None)  # ipykernel's
+        if register_hook is not None:
+            register_hook(self.published)
+        return self
+
+    def stop(self):
+        from . import widget
+
+        for event, callback in (("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)):
+            try:
+                self.shell.events.unregister(event, callback)
+            except ValueError:
+                pass
+        if self.made in widget.made:
+            widget.made.remove(self.made)
+        unregister_hook = getattr(self.shell.display_pub, "unregister_hook", None)
+        if unregister_hook is not None:
+            unregister_hook(self.published)
+
+    def pre_run_cell(self, info):
+        self.cell = getattr(info, "cell_id", None)
+        deleted = (getattr(info, "cell_meta", None) or {}).get("deletedCells") or []
+        for cell in [self.cell, *deleted]:
+            _close(self.of_cell.pop(cell, []))
+        self.run, self.replaced = [], []
+        if self.cell is not None:
+            self.of_cell[self.cell] = self.run
+
+    def post_run_cell(self, result):
+        self.cell = None  # a widget made between runs belongs to no output we know
+
+    def made(self, widget):
+        if self.cell is not None:
+            self.run.append(weakref.ref(widget))
+
+    def published(self, message):
+        """ipykernel's display publisher hook: sees every display message (and returns it)."""
+        try:
+            if self.cell is not None and message.get("msg_type") == "clear_output":
+                if message.get("content", {}).get("wait"):
+                    _close(self.replaced)
+                    self.run[:] = [ref for ref in self.run if ref not in self.replaced and ref() is not None]
+                    self.replaced = list(self.run)
+                else:
+                    _close(self.run)
+                    self.run.clear()
+                    self.replaced = []
+        except Exception:  # the user's output goes out, whatever happens here
+            pass
+        return message
+
+
+def _close(widgets):
+    for ref in widgets:
+        widget = ref()
+        if widget is not None:
+            try:
+                widget.close()
+            except Exception:
+                pass
+
+
 def load(ipython):
     _remove_rewrite(ipython)
+    _stop_watching_widgets(ipython)
     ipython.register_magics(AutogradMagics)
+    magics = ipython.magics_manager.registry["AutogradMagics"]
+    try:
+        from .widget import warm_up
+
+        magics._widgets = _WidgetsOfCells(ipython).start()
+        warm_up()
+    except Exception:  # a widget library or matplotlib missing: each report says so when it runs
+        pass
     rewrite = _CellRewrite(ipython)
     ipython.input_transformers_cleanup.append(rewrite)
     ipython.ast_transformers.append(rewrite)
@@ -376,6 +496,7 @@ def unload(ipython):
     magics = ipython.magics_manager.magics
     if magics["cell"].get("autograd") is not None:
         del magics["cell"]["autograd"]
+    _stop_watching_widgets(ipython)
     ipython.magics_manager.registry.pop("AutogradMagics", None)
     _remove_rewrite(ipython)
 
@@ -383,6 +504,12 @@ def unload(ipython):
 def _remove_cell_names(ipython):
     # By name, not identity: %reload_ext makes a new class.
     file_namers[:] = [n for n in file_namers if not (type(n).__qualname__ == "_CellNames" and n.shell is ipython)]
+
+
+def _stop_watching_widgets(ipython):
+    watcher = getattr(ipython.magics_manager.registry.get("AutogradMagics"), "_widgets", None)
+    if watcher is not None:
+        watcher.stop()
 
 
 def _remove_rewrite(ipython):

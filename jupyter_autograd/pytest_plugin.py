@@ -6,7 +6,8 @@ With `--autograd`, each test's body runs under `jupyter_autograd.capture()`; a t
 but whose code produced a problem diagnosis (a silent write through `.data`, an in-place write
 to a saved tensor, graphs kept alive across iterations, ...) fails with the plain-text report.
 A test that raised keeps its own failure, whose traceback carries the diagnosis as a note.
-`@pytest.mark.autograd_ok` exempts a test that means to do it.
+`@pytest.mark.autograd_ok` exempts a test that means to do it. A test that passed while a part of
+the analysis failed gets an `AnalysisIncomplete` warning saying what was not checked.
 
 The `autograd_trace` fixture gives a test the Trace of its own code, with or without the flag:
 
@@ -33,6 +34,11 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "autograd_ok: the test means to break autograd; --autograd does not fail it")
+
+
+class AnalysisIncomplete(UserWarning):
+    """A part of the analysis of a test's code failed: the test passed, but only what was analysed
+    was checked (`-W error::jupyter_autograd.pytest_plugin.AnalysisIncomplete` fails it)."""
 
 
 class LiveTrace:
@@ -90,4 +96,6 @@ def pytest_runtest_call(item):
     if any(d.kind in PROBLEM_KINDS for d in trace.diagnoses):
         pytest.fail("the test's code breaks autograd (pytest --autograd; mark it autograd_ok if it means to)\n\n"
                     + trace.report(), pytrace=False)
+    if trace.warnings:  # passed, but only what was analysed: said in the warnings summary
+        item.warn(AnalysisIncomplete(trace.report()))
     return result

@@ -52,6 +52,7 @@ function render({ model, el: root }) {
   header.append(el("span", "ja-title", "jupyter-autograd"), el("span", "ja-summary"));
   const summary = header.lastChild;
   const error = el("div", "ja-error");
+  const lost = el("div", "ja-warnings"); // what a failed part of the analysis lost
   const diagList = el("div", "ja-diagnoses");
   const main = el("div", "ja-main");
   const graphCol = el("div", "ja-graph-col");
@@ -100,7 +101,7 @@ function render({ model, el: root }) {
   const stepLabel = el("div", "ja-step");
   timeline.append(el("span", "ja-caption", "timeline"), slider, stepLabel);
   const source = el("div", "ja-source");
-  root.append(header, error, diagList, main, timeline, source);
+  root.append(header, lost, error, diagList, main, timeline, source);
 
   // -- the scene and what is open ------------------------------------------------------------------
   let scene = parseScene(model.get("scene"));
@@ -475,12 +476,21 @@ function render({ model, el: root }) {
     summary.textContent = model.get("summary");
     error.textContent = model.get("error") ? "The cell raised " + model.get("error").split("\n")[0] : "";
     error.style.display = model.get("error") ? "" : "none";
+    const warnings = model.get("warnings") || [];
+    const list = el("ul");
+    for (const w of warnings) list.append(el("li", null, w));
+    lost.replaceChildren(el("div", "ja-warnings-title", "The analysis is incomplete:"), list);
+    lost.style.display = warnings.length ? "" : "none";
   }
 
   function drawDiagnoses() {
     diagList.replaceChildren();
     const items = model.get("diagnoses");
-    if (!items.length) diagList.append(el("div", "ja-ok", "No problems found."));
+    if (!items.length) {
+      diagList.append((model.get("warnings") || []).length
+        ? el("div", "ja-ok ja-partial", "No problems found in what was analysed (the analysis is incomplete: see above).")
+        : el("div", "ja-ok", "No problems found."));
+    }
     items.forEach((d, i) => {
       const card = el("div", "ja-diagnosis ja-kind-" + d.kind);
       card.dataset.index = String(i);
@@ -618,6 +628,7 @@ function render({ model, el: root }) {
   sizeWatch.observe(pane);
   model.on("change:summary", drawSummary);
   model.on("change:error", drawSummary);
+  model.on("change:warnings", () => { drawSummary(); drawDiagnoses(); });
   model.on("change:diagnoses", drawDiagnoses);
   model.on("change:selected_diagnosis", drawDiagnoses);
   model.on("change:scene", onScene);

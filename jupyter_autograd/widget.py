@@ -19,27 +19,39 @@ from __future__ import annotations
 
 import base64
 import html
+import os
 import pathlib
+import secrets
+import textwrap
 import time
-from typing import Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 import anywidget
 import traitlets as t
 
 from .model import Trace
 from .render import layout
-from .render.text import graph_summary, text_report
+from .render.text import INCOMPLETE, graph_summary, text_report, verdict
 
 _HERE = pathlib.Path(__file__).parent
 
 
+# Called with each AutogradWidget made. ipywidgets keeps every widget, and so its Trace, until it is
+# closed, and a front end that replaces or clears an output never tells the kernel: the shell side
+# (magic.py) watches here, to close the widgets that no output shows any more.
+made: List[Callable[["AutogradWidget"], None]] = []
+
+
 class AutogradWidget(anywidget.AnyWidget):
-    _esm = _HERE / "widget.js"
-    _css = _HERE / "widget.css"
+    # Their text, not their paths: anywidget ties every widget made with a file path to that file's
+    # change signal with a strong reference, and no widget would ever be freed.
+    _esm = (_HERE / "widget.js").read_text(encoding="utf-8")
+    _css = (_HERE / "widget.css").read_text(encoding="utf-8")
 
     scene = t.Dict().tag(sync=True)
     summary = t.Unicode("").tag(sync=True)
     error = t.Unicode("").tag(sync=True)
+    warnings = t.List(t.Unicode()).tag(sync=True)   # what a failed part of the analysis lost
     diagnoses = t.List(t.Dict()).tag(sync=True)
     selected = t.Unicode("").tag(sync=True)
     details = t.Dict().tag(sync=True)
@@ -64,6 +76,18 @@ class AutogradWidget(anywidget.AnyWidget):
             raise TypeError("AutogradWidget(trace) takes the Trace from `with jupyter_autograd.capture() as trace:`"
                             " or from `%%%%autograd -o NAME`; got %s" % type(trace).__name__)
         super().__init__(**kwargs)
+        try:
+            self._fill(trace, filename, max_children)
+        except BaseException:  # an error or an interrupt: ipywidgets would keep the half-made widget for good
+            self.close()
+            raise
+        for callback in list(made):
+            try:
+                callback(self)
+            except Exception:  # whoever watches must never stop the widget from being made
+                pass
+
+    def _fill(self, trace: Trace, filename: Optional[str], max_children: int) -> None:
         self._trace = trace
         self._max_children = max_children
         self._static_elsewhere = False   # display_trace shows the static pictures in an output of their own
@@ -77,6 +101,7 @@ class AutogradWidget(anywidget.AnyWidget):
         self.render_ms = (time.perf_counter() - start) * 1000
         self.summary = graph_summary(trace)
         self.error = trace.error or ""
+        self.warnings = list(trace.warnings)
         self.diagnoses = [_diagnosis_dict(d) for d in trace.diagnoses]
         self.source_name = filename or layout.main_file(trace)
         self.source = [{"line": i, "text": text.rstrip("\n")}
@@ -329,13 +354,23 @@ def static_bundle(trace: Trace, scene: Optional[layout.Scene] = None) -> Dict[st
     from .render import draw
 
     scene = scene or layout.build_scene(trace)
-    title = trace.diagnoses[0].title if trace.diagnoses else ""
     bundle = {"text/html": static_html(trace, scene), "text/plain": text_report(trace)}
     try:
-        bundle["image/png"] = base64.b64encode(draw.to_png(scene, title=title)).decode("ascii")
+        bundle["image/png"] = base64.b64encode(draw.to_png(scene, title=picture_title(trace))).decode("ascii")
     except Exception:  # the picture is a fallback: the HTML and the text still show
         pass
     return bundle
+
+
+def picture_title(trace: Trace) -> str:
+    """The PNG's caption: the first problem, and, when a part of the analysis failed, that it did
+    and what was lost (one line each)."""
+    lines = [trace.diagnoses[0].title] if trace.diagnoses else []
+    if trace.warnings:
+        lines = lines or [verdict(trace)]
+        lines += textwrap.wrap("%s: %s" % (INCOMPLETE, "; ".join(trace.warnings)), 110, max_lines=4,
+                               placeholder=" \u2026 (the text/html and text/plain outputs have it all)")
+    return "\n".join(lines)
 
 
 def static_html(trace: Trace, scene: Optional[layout.Scene] = None) -> str:
@@ -351,8 +386,10 @@ def static_html(trace: Trace, scene: Optional[layout.Scene] = None) -> str:
              '<style>.jp-OutputArea-child:has(.ja-static) + .jp-OutputArea-child:not(:has(.ja-root))'
              ' { display: none; }</style>',
              '<div style="font-weight: 700">jupyter-autograd: %s</div>' % esc(
-                 "%d problem%s found" % (len(trace.diagnoses), "" if len(trace.diagnoses) == 1 else "s")
-                 if trace.diagnoses else "no problems found")]
+                 verdict(trace) + ("; %s:" % INCOMPLETE if trace.warnings else ""))]
+    if trace.warnings:
+        parts.append('<ul style="margin: 2px 0 6px; color: var(--jp-error-color1, #c92a2a)">%s</ul>'
+                     % "".join("<li>%s</li>" % esc(w) for w in trace.warnings))
     if trace.error:
         parts.append('<div style="color: #c92a2a; font-family: monospace">The cell raised %s</div>'
                      % esc(trace.error.splitlines()[0]))
@@ -374,6 +411,14 @@ def static_html(trace: Trace, scene: Optional[layout.Scene] = None) -> str:
     return "".join(parts)
 
 
+def warm_up() -> None:
+    """Import and draw once what a report needs (matplotlib, its fonts), as the extension loads.
+    Done by the first report of a kernel instead, it made that cell 1.5 s longer; a failing cell
+    that runs longer sees more of the cells run after it reach the kernel while it runs, and
+    Jupyter aborts those (ipykernel's stop_on_error)."""
+    static_bundle(Trace())
+
+
 def display_trace(trace: Trace, filename: Optional[str] = None) -> None:
     """Show the static pictures and the widget as two outputs: the first stands in for the
     second wherever the widget cannot be drawn (no kernel, GitHub, nbconvert); where it can,
@@ -382,8 +427,12 @@ def display_trace(trace: Trace, filename: Optional[str] = None) -> None:
 
     widget = AutogradWidget(trace, filename=filename)
     widget._static_elsewhere = True
-    display(widget.static_bundle(), raw=True)
-    display(widget)
+    try:
+        display(widget.static_bundle(), raw=True)
+        display(widget)
+    except BaseException:  # never shown: ipywidgets would keep it, and the trace, for good
+        widget.close()
+        raise
 
 
 def save_html(trace: Trace, path, filename: Optional[str] = None) -> pathlib.Path:
@@ -396,6 +445,27 @@ def save_html(trace: Trace, path, filename: Optional[str] = None) -> pathlib.Pat
     finally:
         widget.close()
     out = pathlib.Path(path)
-    out.write_text(page(state, (_HERE / "widget.js").read_text(), (_HERE / "widget.css").read_text(),
-                        static_html(trace)), encoding="utf-8")
+    _write_whole(out, page(state, (_HERE / "widget.js").read_text(), (_HERE / "widget.css").read_text(),
+                           static_html(trace)))
     return out
+
+
+def _write_whole(path: pathlib.Path, text: str) -> None:
+    """The file holds the whole text or stays as it was: a full disk never leaves half a report.
+    Written beside it (same file system, so the rename is atomic), then renamed over it."""
+    data = text.encode("utf-8")
+    temporary = path.with_name(".%s.%s.tmp" % (path.name, secrets.token_hex(4)))
+    # os.open with 0o666, as open() does: the file gets the user's umask, not mkstemp's 0o600.
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # a full disk may only say so when the data is written out
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise

@@ -99,9 +99,11 @@ def test_an_interrupt_during_the_report(shell, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(AutogradMagics, "_show", interrupted)
-    # After a cell that ran through: the interrupt stops the cell ("Run All" stops too).
+    # After a cell that ran through: the interrupt stops the report, not the cell, whose result stands
+    # (real SIGINTs at each stage of the report: tests/test_outputs_robust.py).
     run = Run(shell, "%%autograd\nimport torch\nr = torch.ones(2) + 1\nr", "%%autograd")
-    assert isinstance(run.result.error_in_exec, KeyboardInterrupt) and "Out[" not in run.text
+    assert run.result.success and "Out[N]: tensor([2., 2.])" in run.text
+    assert "the report was interrupted" in run.text and "KeyboardInterrupt" not in run.text
     assert shell.magics_manager.registry["AutogradMagics"]._value is None
     # After a cell that raised: the user's own exception is the one shown.
     shell.user_ns["mine"] = ValueError("the user's own")

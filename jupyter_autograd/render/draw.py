@@ -13,15 +13,17 @@ Legend (shape and colour):
     red outline          involved in a diagnosis
     red dashed edge      a written tensor, or the link a cut broke (no gradient flows back along it)
 
-Every string from the trace is escaped here (SVG) or drawn as typed (matplotlib, no mathtext).
+Every string from the trace is escaped here (SVG) or drawn as typed (matplotlib, no mathtext), clipped
+and with what is not printable written out (layout.clip).
 """
 from __future__ import annotations
 
 import html
 import io
+import warnings
 from typing import Dict, List, Optional, Tuple
 
-from .layout import BOX_H, HEADER_H, ROOT, Placed, Scene, place
+from .layout import BOX_H, HEADER_H, ROOT, Placed, Scene, clip, place
 
 # Colours: the light theme's, used where no JupyterLab CSS variable applies (PNG, GitHub).
 STYLE = {
@@ -36,6 +38,8 @@ STYLE = {
 }
 PROBLEM = "#e03131"
 TEXT, SUBTEXT = "#212529", "#495057"
+TITLE_CHARS = 120  # per line of the title; the scene's labels are clipped where they are made
+TITLE_LINE_H, TITLE_CHAR_W = 20, 7.6  # bold 12 px DejaVu Sans
 # In HTML the theme's variables win where they exist (JupyterLab, Notebook 7, light or dark).
 CSS_VAR = {"fn": "--jp-layout-color2", "box": "--jp-layout-color1", "fold": "--jp-layout-color0"}
 
@@ -69,17 +73,19 @@ def edges_between(scene: Scene, stand: Dict[str, str]) -> List[Tuple[str, str, s
 def to_svg(scene: Scene, opened=None, title: str = "", max_width: Optional[int] = None) -> str:
     """The first view as one SVG element; every string escaped."""
     opened = scene.open if opened is None else opened
+    titles = title_lines(title)
     placed, stand = visible(scene, set(opened))
     _, width, height = place(scene, set(opened))
     at = {p.id: p for p in placed}
     margin = 8
-    top = 24 if title else 0
-    w, h = width + 2 * margin, height + 2 * margin + top
+    top = TITLE_LINE_H * len(titles) + 4 if titles else 0
+    w, h = max(width, title_width(titles)) + 2 * margin, height + 2 * margin + top
     esc = html.escape
     out = ['<svg xmlns="http://www.w3.org/2000/svg" class="ja-static-svg" width="%d" height="%d" viewBox="0 0 %d %d"'
            ' font-family="DejaVu Sans, Arial, sans-serif" font-size="12" role="img">' % (w, h, w, h)]
-    if title:
-        out.append('<text x="%d" y="16" font-weight="bold" fill="%s">%s</text>' % (margin, PROBLEM, esc(title)))
+    for i, line in enumerate(titles):
+        out.append('<text x="%d" y="%d" font-weight="bold" fill="%s">%s</text>'
+                   % (margin, 16 + TITLE_LINE_H * i, PROBLEM, esc(line)))
     out.append('<g transform="translate(%d,%d)">' % (margin, margin + top))
     for p in placed:
         if p.is_box:
@@ -125,6 +131,15 @@ def to_svg(scene: Scene, opened=None, title: str = "", max_width: Optional[int] 
     return "".join(out)
 
 
+def title_lines(title: str) -> List[str]:
+    """A title's lines, each clipped (a diagnosis's title holds the user's name, of any length)."""
+    return [clip(line, TITLE_CHARS) for line in title.splitlines() if line.strip()]
+
+
+def title_width(lines: List[str]) -> float:
+    return max((len(line) * TITLE_CHAR_W for line in lines), default=0.0)
+
+
 def _curve(a: Placed, b: Placed) -> str:
     x1, y1 = a.x + a.w / 2, a.y + a.h
     x2, y2 = b.x + b.w / 2, b.y
@@ -143,10 +158,11 @@ def to_png(scene: Scene, opened=None, title: str = "", max_pixels: int = 2400) -
     from matplotlib.path import Path
 
     opened = scene.open if opened is None else opened
+    titles = title_lines(title)
     placed, stand = visible(scene, set(opened))
     _, width, height = place(scene, set(opened))
-    top = 26 if title else 0
-    w_px, h_px = width + 16, height + 16 + top
+    top = TITLE_LINE_H * len(titles) + 6 if titles else 0
+    w_px, h_px = max(width, title_width(titles)) + 16, height + 16 + top
     scale = min(1.0, max_pixels / max(w_px, h_px))
     dpi = 100
     fig = Figure(figsize=(max(w_px * scale, 200) / dpi, max(h_px * scale, 60) / dpi), dpi=dpi)
@@ -157,8 +173,8 @@ def to_png(scene: Scene, opened=None, title: str = "", max_pixels: int = 2400) -
     font = 12 * scale * 72 / dpi  # 12 px text, in points
     text_kw = dict(usetex=False, parse_math=False, fontfamily="DejaVu Sans")
     at = {p.id: p for p in placed}
-    if title:
-        ax.text(0, -top + 16, title, fontsize=font, color=PROBLEM, fontweight="bold", **text_kw)
+    for i, line in enumerate(titles):
+        ax.text(0, -top + 16 + TITLE_LINE_H * i, line, fontsize=font, color=PROBLEM, fontweight="bold", **text_kw)
     for p in placed:
         if not p.is_box:
             continue
@@ -195,7 +211,11 @@ def to_png(scene: Scene, opened=None, title: str = "", max_pixels: int = 2400) -
             ax.text(p.x + p.w / 2, p.y + 29, item.sub, ha="center", va="baseline", fontsize=font * 0.9,
                     color=SUBTEXT, zorder=4, **text_kw)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
+    with warnings.catch_warnings():
+        # A glyph the font lacks (a name in Chinese) is drawn as a box; the warning would be
+        # printed under the user's cell.
+        warnings.simplefilter("ignore")
+        fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
     return buf.getvalue()
 
 

@@ -267,10 +267,15 @@ def _short_name(name: str) -> str:
     return ".".join(parts[-2:]) if len(parts) > 2 else name
 
 
-def _clip(text: str, width: int = MAX_CHARS) -> str:
-    if len(text) <= width and "\n" not in text and "  " not in text:
+def clip(text: str, width: int = MAX_CHARS) -> str:
+    """A label every picture can draw: one line of at most `width` characters (a name can be
+    100,000 long), with what is not printable (ESC, NUL, a lone surrogate: XML cannot hold them,
+    fonts have no glyph for them) written as Python writes it in a repr (`\\x1b`)."""
+    if len(text) <= width and text.isprintable() and "  " not in text:
         return text
     text = " ".join(text.split())
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
     return text if len(text) <= width else text[:width - 1] + "\u2026"
 
 
@@ -313,18 +318,18 @@ def _items(trace: Trace, scene: Scene, keys: Set[int], lo: int, folded: int) -> 
         if n.variable is not None:
             info = trace.tensors.get(n.variable)
             full = trace.tensor_label(n.variable)
-            items[nid] = Item(nid, "leaf", _clip(_short_name(full)), _clip("AccumulateGrad " + _shape(trace, n.variable)),
+            items[nid] = Item(nid, "leaf", clip(_short_name(full)), clip("AccumulateGrad " + _shape(trace, n.variable)),
                               full, pos=first_use.get(key, -1) - 0.5, problem=key in problem_keys
                               or n.variable in problem_tids)
             items[nid].parent = "param:" + full if info is not None and "." in full else ""
             leaf_of[n.variable] = nid
             continue
         pos = float(n.created_by) if n.created_by is not None else first_use.get(key, -1) - 0.5
-        sub = _clip(" ".join(s for s in (n.name, where(n.created_by)) if s))
+        sub = clip(" ".join(s for s in (n.name, where(n.created_by)) if s))
         if key in named:
-            items[nid] = Item(nid, "tensor", _clip(named[key]), sub, named[key], pos=pos, problem=key in problem_keys)
+            items[nid] = Item(nid, "tensor", clip(named[key]), sub, named[key], pos=pos, problem=key in problem_keys)
         else:
-            items[nid] = Item(nid, "fn", _clip(n.name), _clip(where(n.created_by)), n.name, pos=pos,
+            items[nid] = Item(nid, "fn", clip(n.name), clip(where(n.created_by)), n.name, pos=pos,
                               problem=key in problem_keys)
         op = ops[n.created_by] if n.created_by is not None and 0 <= n.created_by < len(ops) else None
         if op is not None and op.location is not None and op.location.filename == here:
@@ -360,8 +365,8 @@ def _items(trace: Trace, scene: Scene, keys: Set[int], lo: int, folded: int) -> 
                 if at is None:  # made before the block: it sits where it is first used
                     at = next((op.index for op in ops if tid in op.inputs), None)
                 no_grad_fn = d.kind == "graph-cut" and info is not None and info.node is None
-                items[tensor_item] = Item(tensor_item, "saved" if savers else "tensor", _clip(full),
-                                          _clip(" ".join(s for s in ("saved" if savers else "tensor",
+                items[tensor_item] = Item(tensor_item, "saved" if savers else "tensor", clip(full),
+                                          clip(" ".join(s for s in ("saved" if savers else "tensor",
                                                                      _shape(trace, tid),
                                                                      "(no grad_fn)" if no_grad_fn else "") if s)),
                                           full, pos=float(at) if at is not None else -1.0, problem=True)
@@ -380,7 +385,7 @@ def _items(trace: Trace, scene: Scene, keys: Set[int], lo: int, folded: int) -> 
                 op = ops[d.op_index]
                 text = (op.location.source if op.location else "") or op.name
                 cut = _cut_here(trace, d, op)
-                items[wid] = Item(wid, "cut" if cut else "write", _clip(text), _clip(
+                items[wid] = Item(wid, "cut" if cut else "write", clip(text), clip(
                     where(d.op_index) + (": chain cut here" if cut else " " + d.kind)), text,
                                   pos=float(d.op_index), problem=True)
                 items[wid].parent = "op:%d" % d.op_index
@@ -435,9 +440,9 @@ def _boxes(trace: Trace, scene: Scene, max_children: int) -> None:
             box_id = "m:" + name + ("#%d" % calls[name] if calls[name] > 1 else "")
             parent = stack[-1][1] if stack else ROOT
             cls = trace.modules.get(name, "")
-            label = _clip(name if parent == ROOT else _box_label(name))
-            boxes[box_id] = Box(box_id, "module", label, cls + (" (call %d)" % calls[name] if calls[name] > 1 else ""),
-                                name, parent, first=float(op.index))
+            label = clip(name if parent == ROOT else _box_label(name))
+            sub = clip(cls) + (" (call %d)" % calls[name] if calls[name] > 1 else "")
+            boxes[box_id] = Box(box_id, "module", label, sub, name, parent, first=float(op.index))
             stack.append((name, box_id))
         call_of_op[op.index] = stack[-1][1] if stack else ROOT
 
@@ -527,7 +532,7 @@ def _chunk(scene: Scene, parent: str, children: List[str], max_children: int) ->
             "operations"
         first_op, last_op = int(_first(scene, run[0])) + 1, int(_first(scene, run[-1])) + 1
         label += ", ops %d-%d" % (max(first_op, 0), max(last_op, 0)) if last_op > first_op else ""
-        scene.boxes[cid] = Box(cid, "chunk", "%s (%d nodes)" % (label, count), _clip(top), label, parent,
+        scene.boxes[cid] = Box(cid, "chunk", "%s (%d nodes)" % (label, count), clip(top), label, parent,
                                first=_first(scene, run[0]), count=count,
                                lines=(lines[0], lines[-1]) if lines else (0, 0))
         for c in run:

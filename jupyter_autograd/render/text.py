@@ -49,20 +49,34 @@ def graph_summary(trace: Trace) -> str:
     return "\n".join(parts)
 
 
-def headline(trace: Trace) -> str:
-    if trace.error and not trace.ops:
-        return ("jupyter-autograd: the block stopped before any tensor operation ran (%s); there is no "
-                "graph to analyse." % _first_line(trace.error))
+INCOMPLETE = "the analysis is incomplete"  # said, with `trace.warnings`, wherever the verdict is shown
+
+
+def verdict(trace: Trace) -> str:
+    """What was found, in a few words. Never a bare "no problems found" when a part of the analysis
+    failed (`trace.warnings`, each said by the stage that failed, with what it lost)."""
     if trace.diagnoses:
         n = len(trace.diagnoses)
-        return "jupyter-autograd: %d problem%s found" % (n, "" if n == 1 else "s")
-    if trace.error:
-        return "jupyter-autograd: no problems found with autograd (the block raised %s)" % _first_line(trace.error)
-    return "jupyter-autograd: no problems found"
+        return "%d problem%s found" % (n, "" if n == 1 else "s")
+    return "no problems found in what was analysed" if trace.warnings else "no problems found"
+
+
+def headline(trace: Trace) -> str:
+    """The report's first line; the warnings follow it when the analysis is incomplete."""
+    if trace.error and not trace.ops and not trace.warnings:
+        return ("jupyter-autograd: the block stopped before any tensor operation ran (%s); there is no "
+                "graph to analyse." % _first_line(trace.error))
+    line = "jupyter-autograd: " + verdict(trace)
+    if trace.error and not trace.diagnoses:
+        line += "%s (the block raised %s)" % ("" if trace.warnings else " with autograd", _first_line(trace.error))
+    return line + ("; %s:" % INCOMPLETE if trace.warnings else "")
 
 
 def text_report(trace: Trace, width: int = 100) -> str:
     lines = [headline(trace)]
+    for warning in trace.warnings:
+        lines.extend(textwrap.wrap(warning, width, initial_indent="  - ", subsequent_indent="    ",
+                                   break_long_words=False, break_on_hyphens=False))
     for i, d in enumerate(trace.diagnoses, 1):
         lines.append("")
         lines.append("%d. [%s] %s" % (i, d.kind, d.title))
@@ -73,12 +87,10 @@ def text_report(trace: Trace, width: int = 100) -> str:
         lines.extend(_wrap(_without_repeats(d.message, shown), width, "   "))
         lines.append("   fix:")
         lines.extend(fix_lines(_without_repeats(d.fix, shown), width, "     "))
-    if trace.error and not trace.ops:
-        return "\n".join(lines + [w for w in ("warning: " + w for w in trace.warnings)])
+    if not trace.ops and (trace.error or trace.warnings):  # no graph, or none that could be read
+        return "\n".join(lines)
     lines.append("")
     lines.append(graph_summary(trace))
-    for w in trace.warnings:
-        lines.append("warning: " + w)
     return "\n".join(lines)
 
 
