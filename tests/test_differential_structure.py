@@ -55,8 +55,8 @@ from hypothesis import HealthCheck, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
-from .structure_judge import failure_class, judge, survey, sweep
-from .structure_programs import DrawChooser, generate
+from .structure_judge import expected_kinds, failure_class, judge, survey, sweep
+from .structure_programs import DrawChooser, Line, Program, generate
 
 PROGRAMS = int(os.environ.get("STRUCTURE_PROGRAMS", "2000"))
 _SEED = os.environ.get("STRUCTURE_SEED")
@@ -124,6 +124,83 @@ def test_structured_programs_are_meaningful():
     assert not rare, (rare, result.summary())
     print(result.summary().split("\n")[0])
     print("  expected kinds:", result.kinds)
+
+
+# The oracles themselves, on programs whose answer is known (they pass whatever the tool does).
+TRAINING = """import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class AverageMeter:
+    def __init__(self):
+        self.sum, self.count = 0.0, 0
+
+    def update(self, value):
+        self.sum += value
+        self.count += 1
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(3, 4)
+        self.head = nn.Linear(4, 2)
+        self.prev = torch.zeros(2, 4)
+
+    def forward(self, x):
+        z = self.enc(x)
+        h = torch.tanh(z + 0.5 * self.prev)
+        {FORWARD}
+        out = self.head(h)
+        {AFTER}
+        return out
+
+
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+history, meter = [], AverageMeter()
+for step in range(3):
+    x = torch.linspace(-1.0, 1.0, 6).reshape(2, 3) + 0.1 * step
+    {STEP}
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    {KEEP}
+    _probe(locals())
+"""
+KNOWN = [
+    ({}, set()),
+    ({"KEEP": "history.append(loss)"}, {"accumulated-graph"}),
+    ({"KEEP": "history.append(loss.item())"}, set()),
+    ({"KEEP": "meter.update(loss)"}, {"accumulated-graph"}),
+    ({"KEEP": "meter.update(loss.detach())"}, set()),
+    ({"FORWARD": "self.prev = h"}, {"graph-freed"}),
+    ({"FORWARD": "self.prev = h.detach()"}, set()),
+    ({"AFTER": "h.mul_(2.0)"}, {"saved-tensor-modified"}),
+    ({"AFTER": "h.data.mul_(2.0)"}, {"silent-data-mutation"}),
+    ({"AFTER": "h.data = h.data * 2.0"}, {"silent-data-mutation"}),
+    ({"FORWARD": "h.data = h.data * 2.0"}, set()),  # before the head saved h; tanh saved its own result
+    ({"AFTER": "z.data.mul_(2.0)"}, set()),  # tanh saved its result, not z
+    ({"AFTER": "self.head.weight.add_(1.0)"}, {"leaf-inplace"}),
+    ({"FORWARD": "h = h.detach()"}, {"missing-grad"}),
+    ({"FORWARD": "h = torch.tensor(h.tolist())"}, {"missing-grad"}),
+    ({"FORWARD": "h = self.enc(x).argmax(1, keepdim=True).float().expand(2, 4)"}, {"missing-grad"}),
+    ({"STEP": "with torch.no_grad():\n        z = model.enc(x)\n    loss = model.head(torch.tanh(z)).pow(2).mean()"},
+     set()),  # the encoder used only with grad off: frozen, not starved
+    ({"STEP": "loss = torch.tensor(model(x).pow(2).mean().item(), requires_grad=True)"}, {"graph-cut"}),
+    ({"STEP": "loss = model(x).pow(2).mean().detach()"}, {"graph-cut"}),
+]
+
+
+def test_oracles_on_programs_whose_answer_is_known():
+    for parts, expected in KNOWN:
+        values = {"FORWARD": "pass", "AFTER": "pass", "STEP": "loss = model(x).pow(2).mean()", "KEEP": "pass", **parts}
+        source = TRAINING
+        for slot, text in values.items():
+            source = source.replace("{%s}" % slot, text)
+        lines = [Line(0, text, observed_only=text.strip() == "_probe(locals())") for text in source.splitlines()]
+        assert expected_kinds(Program(lines, {})) == expected, parts
 
 
 def main(argv=None) -> int:
