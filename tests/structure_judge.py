@@ -594,35 +594,35 @@ def failure_class(verdict: Verdict, key: str, detail: str) -> str:
         return "%s: no rule yet for this new kind" % key
     appended = "list" in get("accumulate.in") or get("accumulate.helper") == "list keeper" or get("carry.in") == "list"
     if key == "missed accumulated-graph" and appended:
-        return "missed accumulated-graph: tensors kept by appending to a list (a list, a dict of lists, " \
-               "a helper's list, a carried state appended) are not seen"
+        return "missed accumulated-graph: tensors kept by appending them to a list (a list, a dict of lists, " \
+               "a helper's list, a carried state appended each step) are not seen"
     if key == "missed accumulated-graph" and family == "carry" and "retain_graph" in get("carry.backward"):
-        return "missed accumulated-graph: a carried state that backward(retain_graph=True) runs again is seen " \
-               "only from the 4th iteration"
+        return "missed accumulated-graph: a carried state that every backward(retain_graph=True) runs again " \
+               "is seen only from the 4th iteration"
     if key == "wrong line accumulated-graph" and family == "carry":
-        return "wrong line accumulated-graph: a retained carried state is also named at a line whose " \
-               "result is not carried (z = self.enc(x))"
+        return "wrong line accumulated-graph: a retained carried state is also named at the line before it, " \
+               "whose result is not carried (z = self.enc(x))"
     if key == "missed silent-data-mutation" and get("write.spelling").startswith((".data =", ".data swapped")):
-        return "missed silent-data-mutation: a `.data =` assignment (swapping the memory under a saved " \
-               "tensor) is not seen"
+        return "missed silent-data-mutation: a `.data =` assignment (the memory under a saved tensor swapped, " \
+               "or swapped for a forward and restored) is not seen"
     if key == "false missing-grad" and get("cut.spelling") in GRAD_MODE_CUTS and get("cut.where") == "encoder output":
         return "false missing-grad: a parameter used only with grad off (no_grad, set_grad_enabled(False), " \
-               "inference_mode) is said to miss its gradient"
+               "inference_mode) is said to be starved"
     rebuilt_leaf = get("cut.spelling") == ".item() rebuilt with requires_grad"
     if key in ("false missing-grad", "missed graph-cut") and rebuilt_leaf:
-        return "%s: a loss rebuilt as a new leaf (torch.tensor(loss.item(), requires_grad=True)) is called " \
-               "missing-grad, not graph-cut" % key
+        return "graph-cut called missing-grad: a loss rebuilt as a new leaf, " \
+               "torch.tensor(loss.item(), requires_grad=True)"
     if key == "wrong line graph-cut" and "left off" in get("cut.spelling"):
-        return "wrong line graph-cut: grad mode switched off by set_grad_enabled(False) in a helper and " \
-               "left off is named at the loss or backward, not at that call"
+        return "wrong line graph-cut: grad mode switched off by set_grad_enabled(False) in a helper and left " \
+               "off is named at an op that later ran without grad, not at that call"
     if key == "missed missing-grad" and get("cut.spelling") == "torch.max index":
-        return "missed missing-grad: indices from torch.max(y, 1)[1] fed on are not seen as a cut"
+        return "missed missing-grad: indices from torch.max(y, 1)[1] fed on are not seen as a cut (argmax is)"
     if key in ("missed missing-grad", "wrong line graph-cut") and get("cut.spelling") == "from_numpy" \
             and get("cut.by") in HELPERS:
-        return "%s: a torch.from_numpy round trip inside a helper (function, method, closure) is not seen " \
-               "as a cut" % key
+        return "cut not seen: a torch.from_numpy round trip inside a helper (function, method, closure); " \
+               "missing-grad missed, graph-cut named at a later line"
     if key == "missed leaf-inplace" and get("write.spelling") == "out=":
-        return "missed leaf-inplace: an out= write into a parameter outside no_grad is not seen"
+        return "missed leaf-inplace: an out= write into a parameter outside no_grad"
     if key == "outcome changed" and detail.startswith("warnings"):
         return "outcome changed: a warning the program raises (float() of a tensor that requires grad) " \
                "is swallowed by the capture"
