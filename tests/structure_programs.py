@@ -489,7 +489,7 @@ FORWARD = {"z": "z = self.enc(x)", "h": "h = torch.tanh(z)", "out": "out = self.
 
 
 def feature_write(c: Chooser, sk: Skeleton) -> None:
-    target = c.choose("write.target", TARGETS, [4, 2, 1, 2, 2, 2, 2, 1])
+    target = c.choose("write.target", TARGETS, [4, 2, 1, 2, 2, 3, 2, 1])
     place = "forward" if target == "z" else c.choose("write.place", ["forward", "step"])
     if place == "forward":
         anchors = {"x": ["start", "after_z", "after_h", "after_out"], "z": ["after_z", "after_h", "after_out"],
@@ -619,7 +619,7 @@ CUT_AT = {
 
 def feature_cut(c: Chooser, sk: Skeleton) -> None:
     where = c.choose("cut.where", ["encoder output", "hidden", "model output", "loss", "evaluate helper",
-                                   "setup helper"], [3, 3, 2, 3, 2, 1])
+                                   "setup helper"], [3, 4, 2, 3, 2, 1])
     if where in CUT_AT:
         name, statement, expr, (layer, inp), follow = CUT_AT[where]
         spellings = list(CUTS)
@@ -886,7 +886,8 @@ def feature_function(c: Chooser, sk: Skeleton) -> None:
                                                       "torch.floor_divide(h, 0.25) * 0.25"], [1, 1, 2])
         sk.add("forward.after_h", [L("h = %s" % spelling, "not-differentiable")])
     else:
-        returns = c.choose("function.hook returns", ["g * 0.5", "g.clamp(-1.0, 1.0)", "g.sum(0)", "g.t()"])
+        returns = c.choose("function.hook returns", ["g * 0.5", "g.clamp(-1.0, 1.0)", "g.sum(0)", "g.t()"],
+                           [1, 1, 2, 2])
         sk.add("forward.after_h", [L("if h.requires_grad:  # not under no_grad"),
                                    L("h.register_hook(lambda g: %s)" % returns, "backward-error", indent=1)])
         sk.replace("forward.h", [L("h = torch.tanh(z)", "backward-error")])

@@ -116,8 +116,9 @@ def test_diagnosis_agrees_with_pytorch_on_structured_programs():
 
 def test_structured_programs_are_meaningful():
     """The generator (not the tool) under test: about half the programs are fine, and every kind
-    it can provoke is provoked in at least 1% of them."""
-    result = the_sweep()
+    it can provoke is provoked in at least 1% of them (in a sample of 1,000 programs or more: the
+    rarest kinds came in 1.4 to 2.5% of the programs of each sweep measured)."""
+    result = the_sweep() if PROGRAMS >= 1000 else sweep(SEED, 1000)
     assert 0.4 <= result.fine / result.programs <= 0.6, result.summary()
     generated = ["leaf-inplace", "saved-tensor-modified", "view-inplace", "silent-data-mutation",
                  "accumulated-graph", "graph-freed", "graph-cut", "missing-grad", "inference-tensor-saved",
