@@ -5,6 +5,7 @@ serialised to JSON, and rendered anywhere.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -163,6 +164,9 @@ class Diagnosis:
         return what + (" (`%s`)" % self.tensor if self.tensor else "")
 
 
+_IN_PROGRESS = object()  # Trace._pending while its build runs
+
+
 @dataclass
 class Trace:
     """Everything captured from one block. Plain data: safe to keep after the block ends."""
@@ -184,17 +188,35 @@ class Trace:
 
     # -- built on first use -------------------------------------------------------------------
     def _defer(self, build) -> None:
-        """Drop the fields; `build()` makes them when one is first read (see capture.finish)."""
+        """Drop the fields; `build()` makes them when one is first read (see capture.finish), once,
+        whichever thread reads first: the others wait for it. A build cut off (Ctrl-C) leaves the
+        trace as it was, to be built on the next read."""
         self.__dict__.clear()
         self.__dict__["_pending"] = build
+        self.__dict__["_building"] = threading.RLock()
 
     def __getattr__(self, name):
-        pending = self.__dict__.get("_pending")
-        if pending is None or name.startswith("__"):
+        lock = self.__dict__.get("_building")
+        if name.startswith("__"):
             raise AttributeError(name)
-        del self.__dict__["_pending"]
-        self.__dict__.update(pending().__dict__)
-        return getattr(self, name)
+        if lock is None:  # built (perhaps by another thread since this read began), or never deferred
+            return object.__getattribute__(self, name)
+        with lock:
+            pending = self.__dict__.get("_pending")
+            if pending is not None:  # else another thread built it while this one waited
+                if pending is _IN_PROGRESS:  # read by the build itself (this thread holds the lock)
+                    raise AttributeError("%s: the trace is being built" % name)
+                self.__dict__["_pending"] = _IN_PROGRESS
+                try:
+                    built = pending()
+                except BaseException:
+                    self.__dict__["_pending"] = pending
+                    raise
+                fields = built.__dict__
+                self.__dict__.update(fields)
+                for extra in [k for k in self.__dict__ if k not in fields]:
+                    del self.__dict__[extra]  # _pending and _building: built, for good
+        return object.__getattribute__(self, name)
 
     # -- convenience -------------------------------------------------------------------------
     @property

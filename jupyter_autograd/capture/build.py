@@ -17,7 +17,7 @@ from ..model import (FREEZE_SETTER, Checkpoint, GraphNode, Location, ModuleCall,
 from . import graph as graph_snapshot
 from . import nan_watch
 from .recorder import (_BACKWARD_FUNCS, _DATA_GETTER, _REQUIRES_GRAD_SETTER, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD,
-                       OP_IN, OP_LINE, OP_OUT, OP_VA, OP_VB, OP_WR, TENSOR, call_columns, value_kind)
+                       OP_IN, OP_LINE, OP_OUT, OP_VA, OP_VB, OP_WR, TENSOR, call_columns, lost_part, value_kind)
 
 _op_names = {}
 
@@ -93,24 +93,46 @@ def freeze(recorder, namespaces: Iterable[dict]):
                           None if fn is None else graph_snapshot.node_key(fn, recorder), ref,
                           None if t.is_inference() else t._version)
     trees = {}  # (id(module), name) -> _ModuleTree: the model is met by more than one of these
-    names, module_names = _namespace_names(recorder, namespaces, trees)
-    _name_outermost_modules(recorder, module_names, trees)
-    for t_id, (owner, dotted) in _module_parameters(recorder, module_names, trees).items():
-        names.setdefault(t_id, dotted)
-        recorder.param_owner[t_id] = owner
-    _name_module_paths(recorder, module_names)
-    recorder.user_globals = {}  # never hold the user's namespaces (or modules) past the block
-    recorder.modules = {}
+    names, module_names = {}, {}
+    try:  # each part fails alone, and the trace says what it lost
+        try:
+            names, module_names = _namespace_names(recorder, namespaces, trees)
+        except Exception as exc:
+            recorder.lose("reading the variable names of the block", exc,
+                          "tensors and modules are described instead of named")
+        try:
+            _name_outermost_modules(recorder, module_names, trees)
+        except Exception as exc:
+            recorder.lose("naming the models by the lines that called them", exc, "models go by their class names")
+        try:
+            for t_id, (owner, dotted) in _module_parameters(recorder, module_names, trees).items():
+                names.setdefault(t_id, dotted)
+                recorder.param_owner[t_id] = owner
+        except Exception as exc:
+            recorder.lose("listing the parameters of the models called", exc,
+                          "parameters are described instead of named, and unused or frozen ones are not listed")
+        try:
+            _name_module_paths(recorder, module_names)
+        except Exception as exc:
+            recorder.lose("naming the modules that ops ran in", exc, "ops are not grouped by module")
+            recorder.op_modules, recorder.user_calls = {}, {}
+    finally:
+        recorder.user_globals = {}  # never hold the user's namespaces (or modules) past the block
+        recorder.modules = {}
+        recorder.open_calls = []
     recorder.nonfinite = {}
-    if recorder.unchecked_backward is not None:  # the last backward of a long loop: check it now
-        index, leaves = recorder.unchecked_backward
-        grads = [(t_id, g) for t_id, g in ((t_id, _grad_of(recorder, t_id)) for t_id in leaves) if g is not None]
-        if grads:
-            recorder.gradient_flags.append((index, nan_watch.nonfinite_flags(grads)))
-        recorder.unchecked_backward = None
-    for index, flags in recorder.gradient_flags:
-        for t_id in nan_watch.read_flags(flags):
-            recorder.nonfinite.setdefault(t_id, index)
+    try:
+        if recorder.unchecked_backward is not None:  # the last backward of a long loop: check it now
+            index, leaves = recorder.unchecked_backward
+            grads = [(t_id, g) for t_id, g in ((t_id, _grad_of(recorder, t_id)) for t_id in leaves) if g is not None]
+            if grads:
+                recorder.gradient_flags.append((index, nan_watch.nonfinite_flags(grads)))
+            recorder.unchecked_backward = None
+        for index, flags in recorder.gradient_flags:
+            for t_id in nan_watch.read_flags(flags):
+                recorder.nonfinite.setdefault(t_id, index)
+    except Exception as exc:
+        recorder.lose("reading whether gradients hold NaN or Inf", exc, "non-finite gradients of leaves were not looked for")
     recorder.gradient_flags = []
     return live, names
 
@@ -207,8 +229,9 @@ def _name_module_paths(recorder, module_names):
                 names = children.get(id(parent))
                 if names is None:
                     names = children[id(parent)] = {}
-                    for k, m in parent.named_children():
-                        names.setdefault(id(m), k)
+                    for k, m in parent._modules.items():  # named_children() without calling the module's code
+                        if m is not None:
+                            names.setdefault(id(m), k)
                 child = names.get(id(module))
                 name = "%s.%s" % (parent_name, child) if child is not None else None
             name = name or type(module).__name__
@@ -233,12 +256,20 @@ def build_trace(recorder, live, names, error: Optional[str] = None) -> Trace:
     try:
         trace = Trace()
         trace.error = error
-        locations = _locations(recorder, trace)
+        # The ops, tensors and graph are what every diagnosis reads: without one of them nothing is
+        # analysed (capture.finish says so). The other parts fail alone, and say what they lost.
+        locations = {}
+        _part(trace, "reading the source lines of the ops", "ops are shown without their lines",
+              lambda: locations.update(_locations(recorder, trace)))
         _tensors(recorder, trace, live, names)
         _ops(recorder, trace, locations)
-        _calls(recorder, trace)
+        if not _part(trace, "linking the calls of your modules to their lines", "what a module you wrote returned "
+                     "is not named by the line that called it", _calls, recorder, trace):
+            trace.calls = []
         _graph(recorder, trace)
-        _names(trace, names)
+        if not _part(trace, "naming the tensors", "tensors are described instead of named", _names, trace, names):
+            for info in trace.tensors.values():
+                info.name = None
         if recorder.nan_origin is not None:
             backward, key, name, facts = recorder.nan_origin
             trace.nan_origin = {"backward": backward, "node": key, "name": name, "facts": facts}
@@ -246,6 +277,16 @@ def build_trace(recorder, live, names, error: Optional[str] = None) -> Trace:
     finally:
         if enabled:
             gc.enable()
+
+
+def _part(trace, what, lost, step, *args):
+    """Run one part of the build that the rest can do without; False, and a warning, if it failed."""
+    try:
+        step(*args)
+        return True
+    except Exception as exc:
+        trace.warnings.append(lost_part(what, exc, lost))
+        return False
 
 
 def _locations(recorder, trace) -> Dict[tuple, Location]:
@@ -365,7 +406,7 @@ def _grad_summary(t) -> Optional[str]:
     try:
         flat = g.detach().reshape(-1)[:6].tolist()
     except Exception:  # layouts without a flat view (sparse, nested)
-        return "tensor(shape=%s, layout=%s)" % (_plain_shape(g.shape), str(g.layout).replace("torch.", ""))
+        return "tensor(shape=%s, layout=%s)" % (_plain_shape(graph_snapshot.shape_of(g)), str(g.layout).replace("torch.", ""))
     values = ", ".join(_number(v) for v in flat)
     more = ", ..." if g.numel() > 6 else ""
     return "tensor([%s%s]) shape=%s" % (values, more, _plain_shape(g.shape))
@@ -487,7 +528,7 @@ def _namespace_names(recorder, namespaces, trees) -> Dict[int, str]:
     params: Dict[int, str] = {}
     modules: Dict[int, str] = {}
     for ns in spaces:
-        for name, value in list(ns.items()):
+        for name, value in list(dict.items(ns)):  # not a subclass's items(): no code of the user's
             kind = value_kind(value)
             if not kind or name.startswith("_") or name in ("In", "Out"):
                 continue
@@ -543,27 +584,13 @@ class _ModuleTree:
 
 
 def _module_tree(module, name, trees):
+    """The module's tree, read from its dicts also when its class defines named_parameters or
+    named_modules of its own: plain PyTorch would not call them, and they may do anything (FSDP's
+    give the same names outside summon_full_params)."""
     tree = trees.get((id(module), name))
     if tree is None:
-        if type(module).named_parameters is not _NAMED_PARAMETERS or type(module).named_modules is not _NAMED_MODULES:
-            tree = _GeneratorModuleTree(module, name)  # a module that names its own (FSDP wrappers, ...)
-        else:
-            tree = _ModuleTree(module, name)
-        trees[(id(module), name)] = tree
+        tree = trees[(id(module), name)] = _ModuleTree(module, name)
     return tree
-
-
-class _GeneratorModuleTree:
-    __slots__ = ("params", "buffers", "modules")
-
-    def __init__(self, module, name):
-        self.params = [("%s.%s" % (name, pname), p) for pname, p in module.named_parameters()]
-        self.buffers = [("%s.%s" % (name, pname), p) for pname, p in module.named_buffers()]
-        self.modules = [(id(m), "%s.%s" % (name, mname) if mname else name) for mname, m in module.named_modules()]
-
-
-_NAMED_PARAMETERS = torch.nn.Module.named_parameters
-_NAMED_MODULES = torch.nn.Module.named_modules
 
 
 def _names(trace, found: Dict[int, str]):

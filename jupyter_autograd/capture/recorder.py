@@ -33,6 +33,7 @@ from torch.utils.hooks import RemovableHandle as _RemovableHandle
 from . import graph as graph_snapshot
 from . import nan_watch
 from .graph import byte_range
+from .graph import shape_in_parts as _shape_in_parts
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 # Installed libraries (transformers, timm, ...): an op inside them is named at the user's line that
@@ -82,6 +83,30 @@ _SCALARS = frozenset({int, float, bool, complex, type(None), str, torch.dtype, t
 OP_FUNC, OP_CODE, OP_LINE, OP_IN, OP_VB, OP_VA, OP_OUT, OP_SEQ, OP_WR, OP_GRAD, OP_ERR = range(11)
 
 _state = threading.local()  # .recorder: the Recorder active in this thread, if any
+
+
+class _BlockEnded:
+    __slots__ = ()
+
+    def __repr__(self):
+        return "the block has ended"
+
+
+# Recorder.off once its block has ended (lifecycle.release); the with statement's watch sets it to
+# a dead weak reference instead (lifecycle.watch_block). Any `off` that is not None or a str.
+BLOCK_ENDED = _BlockEnded()
+
+
+def block_has_ended(recorder) -> bool:
+    off = recorder.off
+    return off is not None and off.__class__ is not str
+
+
+def _after_block(recorder):
+    """A call through a recorder whose block has ended without its thread taking it back."""
+    from . import lifecycle  # rare: once such a block ended, its first call heals what it can
+
+    lifecycle.heal(recorder)
 _Function = torch.autograd.function.Function
 _original_apply = _Function.__dict__["apply"]
 
@@ -124,9 +149,11 @@ def _enter_module(module, args):
             if frame is not None:
                 try:
                     inputs = recorder.argument_tids(args)
-                except Exception as exc:  # never let the tool break the user's call
-                    recorder._fail(exc)
-                    return None
+                except Exception as exc:  # never let the tool break the user's call; lose only this
+                    inputs = ()
+                    recorder.lose("reading the arguments of the call of %s at %s" % (
+                        type(module).__name__, _place(frame.f_code, frame.f_lineno)), exc,
+                        "the tensors passed to that call are not linked to it")
                 recorder.open_calls.append((module, frame.f_code, frame.f_lineno, frame.f_lasti,
                                             len(recorder.ops), recorder.module_path, inputs))
 
@@ -510,7 +537,7 @@ class Recorder(TorchFunctionMode):
         self.nonfinite = {}            # at the end: tid -> index of the first backward that left its grad non-finite
         self.param_owner = {}          # at the end: parameter tid -> name of the outermost module that holds it
         self.failure = None            # why recording stopped, if it did
-        self.off = None                # non-None while recording is paused or after a failure
+        self.off = None                # a str while recording is paused or after a failure; not a str once the block has ended
         self.module_path = ()          # the nn.Modules whose forward is running, outermost first
         self.modules = {}              # id(module) -> module, for naming at the end of the block
         self.module_call_sites = {}    # id(outermost module) -> (filename, line, columns or None) of the user's call
@@ -543,6 +570,8 @@ class Recorder(TorchFunctionMode):
         self.step_depth = 0            # profiler scopes opened inside that step
         self.step_popped = False       # our mode is off the stack while that step runs (begin_step)
         self.unrecorded_after_step = None  # (code, line) of a step that raised and was caught: see resume
+        self.installation = None       # what its block installed (lifecycle.Installation)
+        self.block_watch = None        # the with statement's watch on the block's end (lifecycle.watch_block)
 
     # -- hot path -----------------------------------------------------------------------------
     # Written for speed: every line here runs for every tensor call of the block. C-level loops
@@ -552,6 +581,8 @@ class Recorder(TorchFunctionMode):
         off = self.off
         if off is not None:
             if off is not _STEPPING:
+                if off.__class__ is not str:  # its block has ended: see block_has_ended
+                    _after_block(self)
                 return func(*args, **kwargs) if kwargs else func(*args)
             if func is _PROFILER_EXIT or func is _PROFILER_ENTER:
                 try:
@@ -648,7 +679,7 @@ class Recorder(TorchFunctionMode):
         written = None
         if after != before:
             tid = self._tid
-            written = tuple((tid(t), byte_range(t)) for t, b, a in zip(tensors, before, after) if a != b)
+            written = tuple((tid(t), self.range_written(t)) for t, b, a in zip(tensors, before, after) if a != b)
             self.last_write = index
         else:
             after = before  # one tuple for both: most calls write nothing
@@ -758,7 +789,8 @@ class Recorder(TorchFunctionMode):
         """The step is over: its post-hook ran, or its profiler scope closed as it raised, or (our
         mode off the stack) a hook of ours or the block's end met it still open. Our mode goes
         back on the stack while the block is still recording."""
-        recording = getattr(_state, "recorder", None) is self  # else the block has ended: stay inert
+        # Else the block has ended: stay inert.
+        recording = getattr(_state, "recorder", None) is self and not block_has_ended(self)
         if self.step_popped:
             self.step_popped = False
             if recording and not _on_stack(self):
@@ -770,7 +802,7 @@ class Recorder(TorchFunctionMode):
             after = _versions(tensors)
             changed = [i for i, (b, a) in enumerate(zip(before, after)) if a != b]
             tids = tuple(self._tid(tensors[i]) for i in changed)
-            written = tuple((t_id, byte_range(tensors[i])) for t_id, i in zip(tids, changed)) or None
+            written = tuple((t_id, self.range_written(tensors[i])) for t_id, i in zip(tids, changed)) or None
         index = len(self.ops)
         if written:
             self.last_write = index
@@ -904,8 +936,29 @@ class Recorder(TorchFunctionMode):
             return made if made >= 0 else None
         return made
 
+    def range_written(self, t):
+        """The bytes a write changed (graph.byte_range); None, said in the trace, if they cannot be read."""
+        try:
+            return byte_range(t)
+        except Exception as exc:
+            self.lose("reading the memory range of a write at %s" % _place(*self._user_line(_getframe(1))), exc,
+                      "writes there are not matched to the saved tensors they may have changed")
+            return None
+
+    def lose(self, what, exc, lost):
+        """One part of the analysis failed: the rest goes on, and the trace says what was lost."""
+        if exc is not None and isinstance(exc, RecursionError):
+            self.too_deep += 1
+            return
+        message = lost_part(what, exc, lost)
+        lost_parts = self.__dict__.setdefault("lost_parts", {})
+        if message in lost_parts or len(lost_parts) < 20:  # a part failing at every step of a loop: said once
+            lost_parts[message] = lost_parts.get(message, 0) + 1
+
     def _fail(self, exc):
-        self.failure = self.off = "%s: %s" % (type(exc).__name__, exc)
+        self.failure = "%s: %s" % (type(exc).__name__, exc)
+        if not block_has_ended(self):
+            self.off = self.failure
 
     # -- bounded memory -------------------------------------------------------------------------
     def _fold(self, upto):
@@ -1177,17 +1230,36 @@ class Recorder(TorchFunctionMode):
         frame = sys._getframe(2)
         while frame is not None and _frame_kind(frame.f_code.co_filename):
             frame = frame.f_back
-        names = frame_names(frame)
-        if names is not None:
-            self.note_names(names)
-        self.checkpoints.append(graph_snapshot.take(self, roots, len(self.ops), "backward", inputs, retain))
+        where = "the backward at %s" % ("?" if frame is None else _place(frame.f_code, frame.f_lineno))
+        try:
+            names = frame_names(frame)
+            if names is not None:
+                self.note_names(names)
+        except Exception as exc:
+            self.lose("reading the variable names at " + where, exc, "tensors there are described instead of named")
+        try:
+            snapshot = graph_snapshot.take(self, roots, len(self.ops), "backward", inputs, retain)
+        except Exception as exc:
+            self.lose("the graph walk before " + where, exc, "the saved tensors of that call were not checked")
+            snapshot = (len(self.ops), "backward", [], [], [], retain)
+            self.walked_leaves = self.walked_nodes = ()
+        self.checkpoints.append(snapshot)
 
     def note_names(self, namespace):
-        for name, value in list(namespace.items()):
+        for name, value in list(dict.items(namespace)):  # not a subclass's items(): no code of the user's
             if value_kind(value) is TENSOR and not name.startswith("_"):
                 t_id = self.known(value)
                 if t_id is not None:
                     self.names.setdefault(t_id, name)
+
+
+def lost_part(what, exc, lost):
+    """The trace's warning for a part of the analysis that failed: what failed, why, what is missing."""
+    return "%s failed (%s: %s): %s" % (what, type(exc).__name__, exc, lost)
+
+
+def _place(code, line):
+    return "line %d" % line if code is None else "%s, line %d" % (code.co_filename, line)
 
 
 def _on_stack(mode):
@@ -1355,22 +1427,6 @@ def _current_versions(tensors):
         if isinstance(exc, RecursionError):
             raise
         return _versions(tensors)
-
-
-def _shape_in_parts(t) -> tuple:
-    """The shape of a tensor that has none as a whole: a strided nested tensor (a dimension whose
-    size differs between its components is "ragged"), or a lazy module's parameter before its
-    first call ("uninitialized")."""
-    try:
-        sizes = []
-        for dim in range(t.dim()):
-            try:
-                sizes.append(t.size(dim))
-            except RuntimeError:
-                sizes.append("ragged")
-        return tuple(sizes)
-    except Exception:
-        return ("uninitialized",)
 
 
 def _versions(tensors):
