@@ -46,6 +46,125 @@ def _records_a_real_bug():
     return [d.kind for d in trace.diagnoses]
 
 
+# -- worker processes (item 1) ---------------------------------------------------------------------
+
+def _inherited():
+    """In a child process: what of the tool it runs with (all of it must be absent)."""
+    from torch.nn.modules import module as nn_module
+    from torch.optim import optimizer as optim_module
+
+    ours = set(recorder_module._HOOK_KEYS)
+    tables = (nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks,
+              nn_module._global_forward_hooks_always_called, optim_module._global_optimizer_pre_hooks,
+              optim_module._global_optimizer_post_hooks)
+    return dict(
+        modes=torch._C._len_torch_function_stack(),
+        recorder=getattr(recorder_module._state, "recorder", None) is not None,
+        hooks=sum(key in ours for table in tables for key in table),
+        hook_users=recorder_module._hook_users[0],
+        apply=torch.autograd.function.Function.__dict__["apply"] is not recorder_module._original_apply,
+        profiler_scope=torch.autograd.profiler.record_function.__dict__["__exit__"]
+        is not recorder_module._original_scope_exit,
+        has_torch_function=torch.overrides.has_torch_function is not recorder_module._original_has_torch_function,
+        recursion_limit=sys.getrecursionlimit(),
+    )
+
+
+_NOTHING = None  # _inherited() in this process, outside any block (set by the fixture below)
+
+
+@pytest.fixture
+def nothing_inherited():
+    global _NOTHING
+    _NOTHING = _inherited()
+    assert not any(v for k, v in _NOTHING.items() if k != "recursion_limit")
+    return _NOTHING
+
+
+class _WhatWorkersInherit(torch.utils.data.Dataset):
+    """A dataset whose items say what the worker process that made them runs with."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.tensor(list(_inherited().values()))
+
+
+def _seen_by_workers(batches):
+    keys = list(_inherited())
+    rows = torch.cat(batches).tolist()
+    return [dict(zip(keys, row)) for row in rows]
+
+
+def test_dataloader_workers_forked_inside_a_block_inherit_nothing(nothing_inherited):
+    loader = torch.utils.data.DataLoader(_WhatWorkersInherit(), batch_size=4, num_workers=2,
+                                         multiprocessing_context="fork")
+    with ja.capture() as trace:
+        batches = list(loader)
+    assert _seen_by_workers(batches) == [nothing_inherited] * 8
+    assert trace.warnings == []
+
+
+def test_persistent_workers_forked_inside_a_block_inherit_nothing_after_it(nothing_inherited):
+    loader = torch.utils.data.DataLoader(_WhatWorkersInherit(), batch_size=4, num_workers=2,
+                                         multiprocessing_context="fork", persistent_workers=True)
+    try:
+        with ja.capture():
+            inside = list(loader)
+        after = list(loader)  # the same worker processes, after the block
+    finally:
+        loader._iterator._shutdown_workers()
+    assert _seen_by_workers(inside) == _seen_by_workers(after) == [nothing_inherited] * 8
+
+
+def _report_inherited(queue):
+    queue.put(_inherited())
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_multiprocessing_children_started_inside_a_block_inherit_nothing(nothing_inherited, method):
+    import multiprocessing
+
+    context = multiprocessing.get_context(method)
+    queue = context.Queue()
+    with ja.capture():
+        torch.ones(2) * 2
+        child = context.Process(target=_report_inherited, args=(queue,))
+        child.start()
+        seen = queue.get(timeout=120)
+        child.join(timeout=60)
+    assert child.exitcode == 0
+    assert seen == nothing_inherited
+
+
+def test_a_process_forked_inside_a_block_records_nothing_and_ends_it_cleanly(nothing_inherited):
+    """os.fork() in the block: the child runs the rest of the block and its end; its trace says
+    that the parent records the block."""
+    import json
+
+    read_end, write_end = os.pipe()
+    with ja.capture() as trace:
+        x = torch.ones(2, requires_grad=True)
+        pid = os.fork()
+        if pid == 0:
+            y = (x * 3).sum()  # in the child: not recorded
+    if pid == 0:  # the child, after the block's end
+        try:
+            report = dict(inherited=_inherited(), ops=len(trace.ops), warnings=trace.warnings, value=y.item())
+            os.write(write_end, json.dumps(report).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    _, status = os.waitpid(pid, 0)
+    report = json.loads(os.read(read_end, 1 << 16).decode())
+    os.close(read_end)
+    assert status == 0
+    assert report["inherited"] == nothing_inherited and report["value"] == 6.0
+    assert report["ops"] == 0 and "forked inside the block" in report["warnings"][0]
+    assert [op.name for op in trace.ops] == ["torch.ones"] and trace.warnings == []
+
+
 # -- threads (item 2) ------------------------------------------------------------------------------
 
 def test_a_block_left_in_another_thread_leaves_the_entering_thread_as_it_was():
