@@ -50,6 +50,9 @@ def _records_a_real_bug():
 
 def _inherited():
     """In a child process: what of the tool it runs with (all of it must be absent)."""
+    import bdb
+
+    from jupyter_autograd.capture import debuggers
     from torch.nn.modules import module as nn_module
     from torch.optim import optimizer as optim_module
 
@@ -66,6 +69,7 @@ def _inherited():
         profiler_scope=torch.autograd.profiler.record_function.__dict__["__exit__"]
         is not recorder_module._original_scope_exit,
         has_torch_function=torch.overrides.has_torch_function is not recorder_module._original_has_torch_function,
+        debuggers=bdb.Bdb.stop_here is not debuggers._original_stop_here,
         recursion_limit=sys.getrecursionlimit(),
     )
 
@@ -567,3 +571,94 @@ def test_nested_tensors_are_recorded_without_failing(layout):
         assert (p is None) == (c is None)
         if p is not None and not p.is_nested:
             assert torch.equal(p, c)
+
+
+# -- debuggers (item 7) ----------------------------------------------------------------------------
+
+class _Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+def _stepped_through(x, model):
+    y = x * 2
+    z = torch.nn.functional.softmax(y, dim=0)
+    h = model(z.unsqueeze(0))
+    d = _Double.apply(h)
+    loss = d.sum()
+    loss.backward()
+    return loss
+
+
+def _pdb_stops(captured):
+    """Step (`s`) through _stepped_through with a scripted pdb.Pdb; the frames it stops in."""
+    import io
+    import pdb
+
+    torch.manual_seed(0)
+    model = _Net()
+    x = torch.ones(3, requires_grad=True)
+    debugger = pdb.Pdb(stdin=io.StringIO("s\n" * 3000 + "c\n" * 10), stdout=io.StringIO(), nosigint=True,
+                       readrc=False)
+    debugger.use_rawinput = False
+    stops = []
+    interaction = debugger.interaction
+
+    def note_stop(frame, tb):
+        stops.append((frame.f_code.co_filename, frame.f_code.co_name, frame.f_lineno))
+        return interaction(frame, tb)
+
+    debugger.interaction = note_stop
+    if captured:
+        with ja.capture():
+            debugger.runcall(_stepped_through, x, model)
+    else:
+        debugger.runcall(_stepped_through, x, model)
+    return stops
+
+
+def _bdb_stops(captured):
+    """The same with a debugger of its own built on bdb (as IPython's, pudb): step at every stop."""
+    import bdb
+
+    class Stepper(bdb.Bdb):
+        def __init__(self):
+            super().__init__()
+            self.stops = []
+
+        def user_call(self, frame, argument_list):
+            self.user_line(frame)
+
+        def user_line(self, frame):
+            self.stops.append((frame.f_code.co_filename, frame.f_code.co_name, frame.f_lineno))
+            self.set_step()
+
+    torch.manual_seed(0)
+    model = _Net()
+    x = torch.ones(3, requires_grad=True)
+    stepper = Stepper()
+    if captured:
+        with ja.capture():
+            stepper.runcall(_stepped_through, x, model)
+    else:
+        stepper.runcall(_stepped_through, x, model)
+    return stepper.stops
+
+
+@pytest.mark.parametrize("debugger", [_pdb_stops, _bdb_stops], ids=["pdb", "bdb"])
+def test_a_debugger_stepping_through_a_block_stops_in_no_frame_of_the_tool(debugger):
+    plain, captured = debugger(False), debugger(True)
+    tool = os.path.dirname(ja.__file__)
+    assert [s for s in captured if s[0].startswith(tool)] == []
+    assert [s for s in captured if s[0] == HERE] == [s for s in plain if s[0] == HERE]
+    assert not _inherited()["debuggers"]  # bdb as it was, after the block
+    # Torch's frames that only the capture runs: the hook path of nn.Module calls (a documented limit)
+    # and the first pass through a Python torch function before it dispatches to the recorded call.
+    extra = {s[1] for s in captured} - {s[1] for s in plain}
+    assert extra <= {"inner", "is_compiling", "is_scripting"}, extra
+    print("stops: plain %d, captured %d" % (len(plain), len(captured)))

@@ -30,6 +30,7 @@ from torch.optim import optimizer as _optim_module
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle as _RemovableHandle
 
+from . import debuggers
 from . import graph as graph_snapshot
 from . import nan_watch
 from .graph import byte_range
@@ -346,8 +347,9 @@ def _has_any_global_hook_but_ours():
 
 def install_hooks():
     """Hooks for the whole capture: custom Function.apply, a step's profiler scope, the nn.Module
-    call stack (so that large graphs can be grouped by module) and optimizer steps. Forward
-    hooks change no result; always-call keeps the stack right when a forward raises.
+    call stack (so that large graphs can be grouped by module) and optimizer steps, and debuggers'
+    stop_here (debuggers.py). Forward hooks change no result; always-call keeps the stack right
+    when a forward raises.
 
     All or nothing: if one cannot be installed, those already installed are removed and the
     error is raised. Callers hold interrupts (see capture) while this runs."""
@@ -357,6 +359,7 @@ def install_hooks():
             _record_function.__exit__ = _leaving_profiler_scope
             _nn_module._has_any_global_hook = _has_any_global_hook_but_ours
             _overrides.has_torch_function = _has_torch_function_but_ours
+            debuggers.install()
             for (hooks, hook, always_called), key in zip(_hook_table(), _HOOK_KEYS):
                 _installed_hooks.append((hooks, key, always_called))
                 hooks[key] = hook
@@ -389,6 +392,10 @@ def _remove_all_hooks():
     try:
         _nn_module._has_any_global_hook = _original_has_any_global_hook
         _overrides.has_torch_function = _original_has_torch_function
+    except BaseException as exc:
+        failure = failure or exc
+    try:
+        debuggers.remove()
     except BaseException as exc:
         failure = failure or exc
     while _installed_hooks:
