@@ -52,6 +52,7 @@ class TensorInfo:
     is_parameter: bool = False           # an nn.Parameter
     stepped_with_grad: bool = False      # ... and that step found a gradient in its `.grad`
     nonfinite_after: Optional[int] = None  # the first backward call after which its gradient held NaN/Inf
+    elements: Optional[int] = None       # elements it holds at the end of the block, if alive (0: sharded away)
 
     @property
     def label(self) -> str:

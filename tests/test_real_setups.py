@@ -3,6 +3,7 @@ the analysis that fail, user methods the tool must not call, nested tensors, deb
 models. Each test runs the real thing (processes, threads, signals, pdb, FSDP on two processes)
 and checks what the user can observe."""
 import os
+import re
 import signal
 import sys
 import threading
@@ -662,3 +663,65 @@ def test_a_debugger_stepping_through_a_block_stops_in_no_frame_of_the_tool(debug
     extra = {s[1] for s in captured} - {s[1] for s in plain}
     assert extra <= {"inner", "is_compiling", "is_scripting"}, extra
     print("stops: plain %d, captured %d" % (len(plain), len(captured)))
+
+
+# -- sharded models (item 8) -----------------------------------------------------------------------
+
+class _WithAnUnusedLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3), nn.ReLU(), nn.Linear(3, 2))
+        self.spare = nn.Linear(2, 64)  # never called: its parameters get no gradient
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def _fsdp_rank(rank, port, out_dir, use_orig_params):
+    """One process of a two-process FSDP training step (gloo, 127.0.0.1) under capture."""
+    import json
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = FSDP(_WithAnUnusedLayer(), use_orig_params=use_orig_params, device_id=torch.device("cpu"))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with ja.capture() as trace:
+            loss = model(torch.ones(5, 4)).sum()
+            loss.backward()
+            opt.step()
+        # The oracle: what PyTorch left without a gradient, among the parameters this process holds.
+        no_grad_here = sorted("model." + name for name, p in model.named_parameters()
+                              if p.grad is None and p.numel() > 0)
+        sharded_away = sorted("model." + name for name, p in model.named_parameters() if p.numel() == 0)
+        with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
+            json.dump(dict(notes=trace.notes, warnings=trace.warnings, kinds=[d.kind for d in trace.diagnoses],
+                           no_grad_here=no_grad_here, sharded_away=sharded_away), f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("use_orig_params", [True, False], ids=["orig-params", "flat-params"])
+def test_parameters_an_fsdp_process_does_not_hold_are_not_called_unused(tmp_path, use_orig_params):
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_fsdp_rank, args=(port, str(tmp_path), use_orig_params), nprocs=2)
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / ("rank%d.json" % rank)).read_text())
+        unused = [n for n in seen["notes"] if n.startswith("Not used on the way to the loss")]
+        named = set(re.findall(r"`([^`]+)`", unused[0])) if unused else set()
+        assert seen["warnings"] == [] and seen["kinds"] == []
+        assert not named & set(seen["sharded_away"]), (rank, named, seen["sharded_away"])
+        assert named == set(seen["no_grad_here"]), (rank, named, seen["no_grad_here"])
+        if use_orig_params:
+            assert seen["sharded_away"]  # the case at stake: parameters held by the other process

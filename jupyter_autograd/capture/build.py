@@ -67,7 +67,7 @@ def end_checkpoint(recorder):
         t = ref()
         if t is None:
             continue
-        fn = t.grad_fn
+        fn = _graph_of(t)[0]
         if fn is None:
             continue
         entry = nodes.get(fn._sequence_nr()) if type(fn) is not graph_snapshot._ACCUMULATE_GRAD else None
@@ -86,12 +86,12 @@ def freeze(recorder, namespaces: Iterable[dict]):
     for t_id, ref in enumerate(recorder.refs):
         t = ref()
         if t is not None:
-            fn = t.grad_fn
+            fn, is_leaf = _graph_of(t)
             # The grad is summarised when the trace is built, read through the weak reference.
-            live[t_id] = (bool(t.requires_grad), bool(t.is_leaf),
+            live[t_id] = (bool(t.requires_grad), is_leaf,
                           None if fn is None else fn.name().rpartition("::")[2],
                           None if fn is None else graph_snapshot.node_key(fn, recorder), ref,
-                          None if t.is_inference() else t._version)
+                          None if t.is_inference() else t._version, _elements(t))
     trees = {}  # (id(module), name) -> _ModuleTree: the model is met by more than one of these
     names, module_names = {}, {}
     try:  # each part fails alone, and the trace says what it lost
@@ -135,6 +135,25 @@ def freeze(recorder, namespaces: Iterable[dict]):
         recorder.lose("reading whether gradients hold NaN or Inf", exc, "non-finite gradients of leaves were not looked for")
     recorder.gradient_flags = []
     return live, names
+
+
+def _graph_of(t):
+    """(t.grad_fn, t.is_leaf); (None, False) for a view that autograd refuses: a view made by a
+    multi-output view op whose base was written in place since, as FSDP's views of its flat
+    parameter. Reading either raises for it, and so would any use of it in a graph."""
+    try:
+        return t.grad_fn, bool(t.is_leaf)
+    except RuntimeError:
+        return None, False
+
+
+def _elements(t) -> Optional[int]:
+    """How many elements the tensor holds in this process now: 0 for a parameter sharded away to
+    another process (FSDP keeps an empty local shard), None where it cannot be told (a ragged size)."""
+    try:
+        return int(t.numel())
+    except Exception:
+        return None
 
 
 def _grad_of(recorder, t_id):
@@ -354,7 +373,7 @@ def _tensors(recorder, trace, live, names_found):
                           stepped_with_grad=t_id in recorder.stepped_with_grad, nonfinite_after=recorder.nonfinite.get(t_id))
         if t_id in live:
             info.alive = True
-            info.requires_grad, info.is_leaf, info.grad_fn, info.node, ref, info.version = live[t_id]
+            info.requires_grad, info.is_leaf, info.grad_fn, info.node, ref, info.version, info.elements = live[t_id]
             t = ref()
             info.grad = _grad_summary(t) if t is not None else None
         trace.tensors[t_id] = info
