@@ -4,7 +4,6 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import threading
 import warnings
 from typing import Iterable, Optional
 
@@ -16,7 +15,7 @@ from . import build, graph, lifecycle
 # Imported once here rather than in the functions that use them: every block's start and end
 # ran those import statements, and a training loop's step pays for each with cold caches.
 # Modules, not their functions, where tests and users may replace a function.
-from .lifecycle import RECURSION_HEADROOM, _InterruptsHeld  # noqa: F401  (RECURSION_HEADROOM: for users of this module)
+from .lifecycle import _InterruptsHeld
 from .lifecycle import release as _release
 from .lifecycle import take_off_stack as _pop_mode
 from .recorder import Recorder, _state, frame_names

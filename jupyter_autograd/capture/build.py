@@ -132,7 +132,8 @@ def freeze(recorder, namespaces: Iterable[dict]):
             for t_id in nan_watch.read_flags(flags):
                 recorder.nonfinite.setdefault(t_id, index)
     except Exception as exc:
-        recorder.lose("reading whether gradients hold NaN or Inf", exc, "non-finite gradients of leaves were not looked for")
+        recorder.lose("reading whether gradients hold NaN or Inf", exc,
+                      "non-finite gradients of leaves were not looked for")
     recorder.gradient_flags = []
     return live, names
 
@@ -425,7 +426,8 @@ def _grad_summary(t) -> Optional[str]:
     try:
         flat = g.detach().reshape(-1)[:6].tolist()
     except Exception:  # layouts without a flat view (sparse, nested)
-        return "tensor(shape=%s, layout=%s)" % (_plain_shape(graph_snapshot.shape_of(g)), str(g.layout).replace("torch.", ""))
+        return "tensor(shape=%s, layout=%s)" % (_plain_shape(graph_snapshot.shape_of(g)),
+                                                str(g.layout).replace("torch.", ""))
     values = ", ".join(_number(v) for v in flat)
     more = ", ..." if g.numel() > 6 else ""
     return "tensor([%s%s]) shape=%s" % (values, more, _plain_shape(g.shape))

@@ -544,7 +544,7 @@ class Recorder(TorchFunctionMode):
         self.nonfinite = {}            # at the end: tid -> index of the first backward that left its grad non-finite
         self.param_owner = {}          # at the end: parameter tid -> name of the outermost module that holds it
         self.failure = None            # why recording stopped, if it did
-        self.off = None                # a str while recording is paused or after a failure; not a str once the block has ended
+        self.off = None                # a str while paused or after a failure; not a str once the block has ended
         self.module_path = ()          # the nn.Modules whose forward is running, outermost first
         self.modules = {}              # id(module) -> module, for naming at the end of the block
         self.module_call_sites = {}    # id(outermost module) -> (filename, line, columns or None) of the user's call
