@@ -48,7 +48,7 @@ _push_stack = torch._C._push_on_torch_function_stack
 
 _lock = threading.Lock()  # hook users and headroom users: blocks start and end in several threads
 _headroom = [0, None]     # blocks holding the headroom; the limit before the first of them raised it
-_running = {}             # id(recorder) -> recorder, for every block not entirely taken back
+_running = {}             # id(recorder) -> recorder, for every block that holds process-wide parts
 
 
 class Installation:
@@ -120,7 +120,7 @@ def release(recorder, inside_its_call=False):
             _release_headroom()
         if _hook_users[0] == 0 and (warnings.filters is _SHOW_ALL or warnings._showwarnmsg is _show_at_user_line):
             _put_back_warnings()  # a call of ours cut off mid-way, and no other block's call can be running
-    if not installation.on_thread:
+    if not (installation.hooks or installation.headroom):  # its mode, if still on a stack, is inert
         _running.pop(id(recorder), None)
     if failure is not None:
         raise failure
@@ -140,7 +140,15 @@ def heal(recorder):
 
 def heal_thread():
     """At a capture's start: remove from this thread what blocks that have ended left behind (their
-    recorder in the thread's state, their mode on the stack)."""
+    recorder in the thread's state, their mode on the stack). A failure here is no reason to fail
+    the new block: what could not be removed stays inert."""
+    try:
+        _heal_thread()
+    except Exception:
+        pass
+
+
+def _heal_thread():
     current = getattr(_state, "recorder", None)
     if current is not None and block_has_ended(current):
         release(current)

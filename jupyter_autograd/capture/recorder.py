@@ -107,7 +107,10 @@ def _after_block(recorder):
     """A call through a recorder whose block has ended without its thread taking it back."""
     from . import lifecycle  # rare: once such a block ended, its first call heals what it can
 
-    lifecycle.heal(recorder)
+    try:
+        lifecycle.heal(recorder)
+    except Exception:  # never let the tool break the user's call; the next capture tries again
+        pass
 _Function = torch.autograd.function.Function
 _original_apply = _Function.__dict__["apply"]
 
