@@ -162,7 +162,7 @@ def _heal_thread():
             installation = mode.installation
             if installation is not None and installation.on_thread and installation.thread == threading.get_ident():
                 release(mode)
-            else:  # left by a fork, or by an exit in another thread that already released it
+            else:  # left in a forked child by a call that was running when the process forked
                 take_off_stack(mode)
 
 
