@@ -6,6 +6,7 @@ serialised to JSON, and rendered anywhere.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -56,6 +57,7 @@ class TensorInfo:
     is_parameter: bool = False           # an nn.Parameter
     stepped_with_grad: bool = False      # ... and that step found a gradient in its `.grad`
     nonfinite_after: Optional[int] = None  # the first backward call after which its gradient held NaN/Inf
+    elements: Optional[int] = None       # elements it holds at the end of the block, if alive (0: sharded away)
 
     @property
     def label(self) -> str:
@@ -186,6 +188,7 @@ class DistributedModel:
     parameters: Tuple[int, ...] = ()     # tids, in the reducer's order
     parameter_names: Tuple[str, ...] = ()  # the same, dotted within the wrapped module (`aux_head.weight`)
     find_unused_parameters: bool = False
+_IN_PROGRESS = object()  # Trace._pending while its build runs
 
 
 @dataclass
@@ -223,17 +226,35 @@ class Trace:
 
     # -- built on first use -------------------------------------------------------------------
     def _defer(self, build) -> None:
-        """Drop the fields; `build()` makes them when one is first read (see capture.finish)."""
+        """Drop the fields; `build()` makes them when one is first read (see capture.finish), once,
+        whichever thread reads first: the others wait for it. A build cut off (Ctrl-C) leaves the
+        trace as it was, to be built on the next read."""
         self.__dict__.clear()
         self.__dict__["_pending"] = build
+        self.__dict__["_building"] = threading.RLock()
 
     def __getattr__(self, name):
-        pending = self.__dict__.get("_pending")
-        if pending is None or name.startswith("__"):
+        lock = self.__dict__.get("_building")
+        if name.startswith("__"):
             raise AttributeError(name)
-        del self.__dict__["_pending"]
-        self.__dict__.update(pending().__dict__)
-        return getattr(self, name)
+        if lock is None:  # built (perhaps by another thread since this read began), or never deferred
+            return object.__getattribute__(self, name)
+        with lock:
+            pending = self.__dict__.get("_pending")
+            if pending is not None:  # else another thread built it while this one waited
+                if pending is _IN_PROGRESS:  # read by the build itself (this thread holds the lock)
+                    raise AttributeError("%s: the trace is being built" % name)
+                self.__dict__["_pending"] = _IN_PROGRESS
+                try:
+                    built = pending()
+                except BaseException:
+                    self.__dict__["_pending"] = pending
+                    raise
+                fields = built.__dict__
+                self.__dict__.update(fields)
+                for extra in [k for k in self.__dict__ if k not in fields]:
+                    del self.__dict__[extra]  # _pending and _building: built, for good
+        return object.__getattribute__(self, name)
 
     # -- convenience -------------------------------------------------------------------------
     @property

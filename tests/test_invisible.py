@@ -329,9 +329,12 @@ def _enter_exit_code():
         for value in vars(owner).values():
             if hasattr(value, "__code__"):
                 codes.add(value.__code__)
+    lifecycle = sys.modules["jupyter_autograd.capture.lifecycle"]
     for fn in (capture_module._pop_mode, capture_module._release, capture_module._finish_interrupted_mode_stashes,
                capture_module.finish, recorder_module.install_hooks, recorder_module.remove_hooks,
-               recorder_module._remove_all_hooks, recorder_module._put_back_warnings):
+               recorder_module._remove_all_hooks, recorder_module._put_back_warnings, lifecycle.start,
+               lifecycle.heal_thread, lifecycle._hold_headroom, lifecycle._release_headroom, lifecycle.watch_block,
+               lifecycle.guard, lifecycle.unguard, lifecycle.ExitLookup.__get__):
         codes.add(fn.__code__)
     return codes
 

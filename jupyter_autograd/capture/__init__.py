@@ -1,24 +1,24 @@
 """Recording a block of PyTorch code. The only part of the package that touches torch internals."""
 from __future__ import annotations
 
-import _signal
 import gc
+import os
 import sys
-import threading
 import warnings
-import weakref
 from typing import Iterable, Optional
 
 import torch
 
 from .. import diagnose as diagnosis
 from ..model import Trace
-from . import build, graph
+from . import build, graph, lifecycle
 # Imported once here rather than in the functions that use them: every block's start and end
 # ran those import statements, and a training loop's step pays for each with cold caches.
 # Modules, not their functions, where tests and users may replace a function.
-from .recorder import (_SHOW_ALL, Recorder, _put_back_warnings, _show_at_user_line, _state, frame_names,
-                       install_hooks, remove_hooks)
+from .lifecycle import _InterruptsHeld
+from .lifecycle import release as _release
+from .lifecycle import take_off_stack as _pop_mode
+from .recorder import Recorder, _state, frame_names
 
 __all__ = ["capture", "file_namers"]
 
@@ -77,9 +77,8 @@ class capture:
         self._outer = None
         self._start = 0            # for a nested capture: the outer recorder's op count at entry
         self._installed = False    # our mode, hooks and thread state are in place
-        self._thread = None
+        self._process = None       # the process that entered the block (a forked child records nothing)
         self._not_started = None   # why recording could not start, if it could not
-        self._recursion_limit = None  # the user's limit, while ours (RECURSION_HEADROOM more) is set
         self._safety_net = None
         self.trace = Trace()
 
@@ -89,6 +88,7 @@ class capture:
             raise RuntimeError("this capture() has already recorded a block: it fills one trace, once. Make a new "
                                "one for each block: `with jupyter_autograd.capture() as trace: ...`")
         self._entered = True
+        self._process = os.getpid()
         if self._namespace is None:
             frame = sys._getframe(1)
             self._namespace = [frame_names(frame), frame.f_globals]
@@ -108,6 +108,7 @@ class capture:
         return self.trace
 
     def _start_recording(self):
+        lifecycle.heal_thread()  # what a block that ended elsewhere, or whose exit never ran, left here
         outer = getattr(_state, "recorder", None)
         if outer is not None:
             # Entering a second mode would record everything twice: the outer recorder records
@@ -115,53 +116,37 @@ class capture:
             self._recorder = self._outer = outer
             self._start = len(outer.ops)
             return
-        self._thread = threading.get_ident()
         try:
             recorder = Recorder(check_nan=self._check_nan)
-            install_hooks()
-            try:
-                recorder.__enter__()
-            except BaseException:
-                _quietly(remove_hooks)
-                raise
+            lifecycle.start(recorder)
         except Exception as exc:  # the block must run as without us: it runs unrecorded
             self._not_started = "jupyter_autograd could not start recording (%s: %s); the block ran unrecorded" % (
                 type(exc).__name__, exc)
             warn(self._not_started)
             return
         self._recorder = recorder
-        _state.recorder = recorder
         self._installed = True
-        limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(limit + RECURSION_HEADROOM)
-        self._recursion_limit = limit
-        # The safety net for an interrupt on __exit__'s first instruction: when this object is
-        # freed (as the interrupt unwinds the with statement), remove what is still installed.
-        # A weak reference's callback, not __del__: it is dropped on every normal exit, so no
-        # interrupt can land in it and be lost.
-        self._safety_net = weakref.ref(self, _capture_freed)
-        _left_behind[self._safety_net] = (recorder, self._thread, limit)
+        self._safety_net = lifecycle.guard(self, recorder)
+        lifecycle.watch_block(self, recorder)
 
     def _stop_recording(self, exc=None):
-        """Remove the mode, the hooks and the thread's recorder; every step is tried, the first
-        failure is raised after all of them."""
+        """Take back the mode, the hooks and the thread's recorder (lifecycle.release)."""
         if not self._installed:
             return
         self._installed = False
         safety_net, self._safety_net = self._safety_net, None
-        if safety_net is not None:
-            _left_behind.pop(safety_net, None)
-        limit, self._recursion_limit = self._recursion_limit, None
+        lifecycle.unguard(safety_net)
         if exc is not None:
             _finish_interrupted_mode_stashes(exc)
-        _release(self._recorder, limit)
-
+        self._recorder.block_watch = None
+        _release(self._recorder)
 
     def close(self) -> None:
         """Remove what the capture installed, if its block was left without `__exit__` running
         (an interrupt on the very first instruction of `__exit__`, before any of its code ran).
-        Harmless otherwise; it also happens when the capture object is freed."""
-        if self._installed and self._thread == threading.get_ident():
+        Harmless otherwise; it also happens when the capture object is freed, and at the next
+        torch call or capture of the thread that ran the block."""
+        if self._installed:
             with _InterruptsHeld():
                 self._stop_recording()
 
@@ -186,7 +171,11 @@ class capture:
                 raise interrupted
             for message in ended:
                 warn(message)
-            if self._not_started is not None:
+            if self._process != os.getpid():
+                self.trace.warnings.append(
+                    "this process was forked inside the block (from process %d), which records it: nothing was "
+                    "recorded in this one" % self._process)
+            elif self._not_started is not None:
                 self.trace.warnings.extend([self._not_started] + ended)
             elif recorder is not None:
                 if recorder.step is not None:  # the block ended inside an optimizer step
@@ -214,28 +203,8 @@ class capture:
             _hide_own_frames(exc)
         return False
 
-
-def _release(recorder, recursion_limit):
-    """Remove the mode, the hooks and the thread's recorder; every step is tried, the first
-    failure is raised after all of them."""
-    failure = None
-    recorder.off = recorder.off or "the block has ended"  # inert, should anything still call it
-    if getattr(_state, "recorder", None) is recorder:
-        _state.recorder = None
-    for step in (lambda: _pop_mode(recorder), remove_hooks):
-        try:
-            step()
-        except BaseException as exc:
-            failure = failure or exc
-    if warnings.filters is _SHOW_ALL or warnings._showwarnmsg is _show_at_user_line:  # a call cut off mid-way
-        _put_back_warnings()
-    if recursion_limit is not None and sys.getrecursionlimit() == recursion_limit + RECURSION_HEADROOM:
-        try:
-            sys.setrecursionlimit(recursion_limit)  # unless the block set a limit of its own
-        except RecursionError:  # deeper than the user's limit right now: theirs is set when it fits
-            pass
-    if failure is not None:
-        raise failure
+    # The with statement holds what this lookup returns until it calls it: see lifecycle.watch_block.
+    __exit__ = lifecycle.ExitLookup(__exit__)
 
 
 def _finish_interrupted_mode_stashes(exc):
@@ -267,100 +236,6 @@ def _finish_interrupted_mode_stashes(exc):
                         pass
             tb = tb.tb_next
         exc = exc.__cause__ or exc.__context__
-
-
-# The safety net's registry: a weak reference to each capture whose block is running -> what to
-# release if the capture is freed first. A weak reference with a callback, not weakref.finalize:
-# the same guarantee at a fraction of the cost, paid at every block's start and end.
-_left_behind = {}
-
-
-def _capture_freed(ref):
-    left = _left_behind.pop(ref, None)
-    if left is not None:
-        _release_left_behind(*left)
-
-
-def _release_left_behind(recorder, thread, recursion_limit):
-    if thread == threading.get_ident():  # the mode stack is per thread
-        with _InterruptsHeld():
-            _release(recorder, recursion_limit)
-
-# Our frames between a call and the user's: __torch_function__, entered from C (which counts
-# twice), and for torch functions written in Python, handle_torch_function and the repeated call.
-# A call that works plain at the recursion limit must work under capture; our own bookkeeping
-# beyond that, when it does not fit, is skipped (see Recorder.too_deep).
-RECURSION_HEADROOM = 4
-
-
-def _quietly(step):
-    try:
-        step()
-    except BaseException:
-        pass
-
-
-def _pop_mode(recorder):
-    """Take our mode off this thread's stack, also when the user left a mode of theirs above it."""
-    above = []
-    try:
-        while torch._C._len_torch_function_stack() > 0:
-            mode = torch._C._pop_torch_function_stack()
-            if mode is recorder:
-                break
-            above.append(mode)
-    finally:
-        for mode in reversed(above):
-            torch._C._push_on_torch_function_stack(mode)
-
-
-class _InterruptsHeld:
-    """SIGINT is held while the capture installs or removes what it needs, and delivered right
-    after, so that an interrupt never leaves half of it in place. Only the main thread receives
-    signals; elsewhere, and where the handler was set from C (it could not be put back), this
-    does nothing."""
-
-    # The C functions of _signal, not signal's Python wrappers: fewer places to be interrupted.
-    def __enter__(self):
-        self.previous = self.pending = None
-        self.active = True
-        try:
-            previous = _signal.getsignal(_signal.SIGINT)
-        except (ValueError, OSError, AttributeError):
-            return self
-        if previous is None:
-            return self
-        self.previous = previous
-        try:
-            _signal.signal(_signal.SIGINT, self._hold)
-        except (ValueError, OSError):
-            self.previous = None
-        except BaseException:  # an interrupt that arrived just before ours went in: put the old one back
-            _signal.signal(_signal.SIGINT, previous)
-            self.previous = None
-            raise
-        return self
-
-    def _hold(self, signum, frame):
-        if not self.active:  # left installed by a window that never closed: never swallow an interrupt
-            _signal.default_int_handler(signum, frame)
-        self.pending = signum
-
-    def __exit__(self, exc_type, exc, tb):
-        previous = self.previous
-        if previous is None:
-            self.active = False
-            return False
-        _signal.signal(_signal.SIGINT, previous)  # from here on, an interrupt goes to `previous`
-        self.previous = None
-        self.active = False
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            if callable(previous):
-                previous(pending, sys._getframe(1))
-            elif previous == _signal.SIG_DFL:
-                _signal.raise_signal(_signal.SIGINT)
-        return False
 
 
 def warn(message: str) -> None:
@@ -406,8 +281,8 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
         try:
             build.end_checkpoint(recorder)
         except Exception as internal:
-            recorder.failure = recorder.failure or "inspecting the graph at the end: %s: %s" % (
-                type(internal).__name__, internal)
+            recorder.lose("the graph walk at the end of the block", internal,
+                          "the saved tensors of graphs that no backward ran were not checked")
         live, names = build.freeze(recorder, namespaces or [])
     error = None if exc is None else "%s: %s" % (type(exc).__name__, exc)
     error_at = None if exc is None else build.raised_at(exc)
@@ -432,6 +307,8 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
                 trace = build.build_trace(recorder, live, names, error, error_at)
             trace.warnings.extend(tool_warnings)
             _name_source_files(trace)
+            for message, times in recorder.__dict__.get("lost_parts", {}).items():
+                trace.warnings.append(message if times == 1 else "%s (%d times)" % (message, times))
             if recorder.failure:
                 trace.warnings.append("recording stopped early after an internal error: " + recorder.failure)
             if recorder.unrecorded_after_step is not None:

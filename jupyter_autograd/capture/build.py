@@ -18,7 +18,8 @@ from . import graph as graph_snapshot
 from . import nan_watch
 from . import distributed
 from .recorder import (_BACKWARD_FUNCS, _DATA_GETTER, _REQUIRES_GRAD_SETTER, _USER, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD,
-                       OP_IN, OP_LINE, OP_OUT, OP_VA, OP_VB, OP_WR, TENSOR, _frame_kind, call_columns, value_kind)
+                       OP_IN, OP_LINE, OP_OUT, OP_VA, OP_VB, OP_WR, TENSOR, _frame_kind, call_columns, lost_part,
+                       value_kind)
 
 _op_names = {}
 
@@ -68,7 +69,7 @@ def end_checkpoint(recorder):
         t = ref()
         if t is None:
             continue
-        fn = t.grad_fn
+        fn = _graph_of(t)[0]
         if fn is None:
             continue
         entry = nodes.get(fn._sequence_nr()) if type(fn) is not graph_snapshot._ACCUMULATE_GRAD else None
@@ -87,35 +88,80 @@ def freeze(recorder, namespaces: Iterable[dict]):
     for t_id, ref in enumerate(recorder.refs):
         t = ref()
         if t is not None:
-            fn = t.grad_fn
+            fn, is_leaf = _graph_of(t)
             # The grad is summarised when the trace is built, read through the weak reference.
-            live[t_id] = (bool(t.requires_grad), bool(t.is_leaf),
+            live[t_id] = (bool(t.requires_grad), is_leaf,
                           None if fn is None else fn.name().rpartition("::")[2],
                           None if fn is None else graph_snapshot.node_key(fn, recorder), ref,
-                          None if t.is_inference() else t._version)
-    recorder.kept.look(recorder.refs, len(recorder.ops))  # kept to the end: alive now, made before the last backward
+                          None if t.is_inference() else t._version, _elements(t))
     trees = {}  # (id(module), name) -> _ModuleTree: the model is met by more than one of these
-    names, module_names = _namespace_names(recorder, namespaces, trees)
-    _name_outermost_modules(recorder, module_names, trees)
-    for t_id, (owner, dotted) in _module_parameters(recorder, module_names, trees).items():
-        names.setdefault(t_id, dotted)
-        recorder.param_owner[t_id] = owner
-    _name_module_paths(recorder, module_names)
-    distributed.freeze(recorder, module_names, names)
-    recorder.user_globals = {}  # never hold the user's namespaces (or modules) past the block
-    recorder.modules = {}
+    names, module_names = {}, {}
+    try:  # each part fails alone, and the trace says what it lost
+        try:
+            names, module_names = _namespace_names(recorder, namespaces, trees)
+        except Exception as exc:
+            recorder.lose("reading the variable names of the block", exc,
+                          "tensors and modules are described instead of named")
+        try:
+            _name_outermost_modules(recorder, module_names, trees)
+        except Exception as exc:
+            recorder.lose("naming the models by the lines that called them", exc, "models go by their class names")
+        try:
+            for t_id, (owner, dotted) in _module_parameters(recorder, module_names, trees).items():
+                names.setdefault(t_id, dotted)
+                recorder.param_owner[t_id] = owner
+        except Exception as exc:
+            recorder.lose("listing the parameters of the models called", exc,
+                          "parameters are described instead of named, and unused or frozen ones are not listed")
+        try:
+            _name_module_paths(recorder, module_names)
+        except Exception as exc:
+            recorder.lose("naming the modules that ops ran in", exc, "ops are not grouped by module")
+            recorder.op_modules, recorder.user_calls = {}, {}
+        try:
+            distributed.freeze(recorder, module_names, names)
+        except Exception as exc:
+            recorder.lose("reading the DistributedDataParallel models of the block", exc,
+                          "the parameters DDP waits for are not named in its errors")
+    finally:
+        recorder.user_globals = {}  # never hold the user's namespaces (or modules) past the block
+        recorder.modules = {}
+        recorder.open_calls = []
     recorder.nonfinite = {}
-    if recorder.unchecked_backward is not None:  # the last backward of a long loop: check it now
-        index, leaves = recorder.unchecked_backward
-        grads = [(t_id, g) for t_id, g in ((t_id, _grad_of(recorder, t_id)) for t_id in leaves) if g is not None]
-        if grads:
-            recorder.gradient_flags.append((index, nan_watch.nonfinite_flags(grads)))
-        recorder.unchecked_backward = None
-    for index, flags in recorder.gradient_flags:
-        for t_id in nan_watch.read_flags(flags):
-            recorder.nonfinite.setdefault(t_id, index)
+    try:
+        if recorder.unchecked_backward is not None:  # the last backward of a long loop: check it now
+            index, leaves = recorder.unchecked_backward
+            grads = [(t_id, g) for t_id, g in ((t_id, _grad_of(recorder, t_id)) for t_id in leaves) if g is not None]
+            if grads:
+                recorder.gradient_flags.append((index, nan_watch.nonfinite_flags(grads)))
+            recorder.unchecked_backward = None
+        for index, flags in recorder.gradient_flags:
+            for t_id in nan_watch.read_flags(flags):
+                recorder.nonfinite.setdefault(t_id, index)
+    except Exception as exc:
+        recorder.lose("reading whether gradients hold NaN or Inf", exc,
+                      "non-finite gradients of leaves were not looked for")
     recorder.gradient_flags = []
     return live, names
+
+
+def _graph_of(t):
+    """(t.grad_fn, t.is_leaf); (None, False) for a view that autograd refuses: a view made by a
+    multi-output view op whose base was written in place since, as FSDP's views of its flat
+    parameter. Reading either raises for it, and so would any use of it in a graph."""
+    try:
+        return t.grad_fn, bool(t.is_leaf)
+    except RuntimeError:
+        return None, False
+
+
+def _elements(t) -> Optional[int]:
+    """How many elements the tensor holds in this process now: 0 for a parameter sharded away to
+    another process (FSDP keeps an empty local shard), None where it cannot be told (a ragged size)."""
+    try:
+        return int(t.numel())
+    except Exception:
+        return None
 
 
 def _grad_of(recorder, t_id):
@@ -210,8 +256,9 @@ def _name_module_paths(recorder, module_names):
                 names = children.get(id(parent))
                 if names is None:
                     names = children[id(parent)] = {}
-                    for k, m in parent.named_children():
-                        names.setdefault(id(m), k)
+                    for k, m in parent._modules.items():  # named_children() without calling the module's code
+                        if m is not None:
+                            names.setdefault(id(m), k)
                 child = names.get(id(module))
                 name = "%s.%s" % (parent_name, child) if child is not None else None
             name = name or type(module).__name__
@@ -250,15 +297,23 @@ def build_trace(recorder, live, names, error: Optional[str] = None, error_at=Non
     try:
         trace = Trace()
         trace.error = error
-        locations = _locations(recorder, trace)
+        # The ops, tensors and graph are what every diagnosis reads: without one of them nothing is
+        # analysed (capture.finish says so). The other parts fail alone, and say what they lost.
+        locations = {}
+        _part(trace, "reading the source lines of the ops", "ops are shown without their lines",
+              lambda: locations.update(_locations(recorder, trace)))
         if error_at is not None:
             trace.error_location = _location(trace, *error_at)
         trace.distributed = distributed.models_of(recorder)
         _tensors(recorder, trace, live, names)
         _ops(recorder, trace, locations)
-        _calls(recorder, trace)
+        if not _part(trace, "linking the calls of your modules to their lines", "what a module you wrote returned "
+                     "is not named by the line that called it", _calls, recorder, trace):
+            trace.calls = []
         _graph(recorder, trace)
-        _names(trace, names)
+        if not _part(trace, "naming the tensors", "tensors are described instead of named", _names, trace, names):
+            for info in trace.tensors.values():
+                info.name = None
         trace.kept = {t_id: (first, last) for t_id, (first, last) in recorder.kept.seen.items() if t_id in trace.tensors}
         calls = recorder.function_calls
         trace.function_calls = [(calls[i], calls[i + 1]) for i in range(0, len(calls), 2)]
@@ -269,6 +324,16 @@ def build_trace(recorder, live, names, error: Optional[str] = None, error_at=Non
     finally:
         if enabled:
             gc.enable()
+
+
+def _part(trace, what, lost, step, *args):
+    """Run one part of the build that the rest can do without; False, and a warning, if it failed."""
+    try:
+        step(*args)
+        return True
+    except Exception as exc:
+        trace.warnings.append(lost_part(what, exc, lost))
+        return False
 
 
 def _locations(recorder, trace) -> Dict[tuple, Location]:
@@ -342,7 +407,7 @@ def _tensors(recorder, trace, live, names_found):
                           stepped_with_grad=t_id in recorder.stepped_with_grad, nonfinite_after=recorder.nonfinite.get(t_id))
         if t_id in live:
             info.alive = True
-            info.requires_grad, info.is_leaf, info.grad_fn, info.node, ref, info.version = live[t_id]
+            info.requires_grad, info.is_leaf, info.grad_fn, info.node, ref, info.version, info.elements = live[t_id]
             t = ref()
             info.grad = _grad_summary(t) if t is not None else None
         trace.tensors[t_id] = info
@@ -395,7 +460,8 @@ def _grad_summary(t) -> Optional[str]:
     try:
         flat = g.detach().reshape(-1)[:6].tolist()
     except Exception:  # layouts without a flat view (sparse, nested)
-        return "tensor(shape=%s, layout=%s)" % (_plain_shape(g.shape), str(g.layout).replace("torch.", ""))
+        return "tensor(shape=%s, layout=%s)" % (_plain_shape(graph_snapshot.shape_of(g)),
+                                                str(g.layout).replace("torch.", ""))
     values = ", ".join(_number(v) for v in flat)
     more = ", ..." if g.numel() > 6 else ""
     return "tensor([%s%s]) shape=%s" % (values, more, _plain_shape(g.shape))
@@ -517,7 +583,7 @@ def _namespace_names(recorder, namespaces, trees) -> Dict[int, str]:
     params: Dict[int, str] = {}
     modules: Dict[int, str] = {}
     for ns in spaces:
-        for name, value in list(ns.items()):
+        for name, value in list(dict.items(ns)):  # not a subclass's items(): no code of the user's
             kind = value_kind(value)
             if not kind or name.startswith("_") or name in ("In", "Out"):
                 continue
@@ -573,27 +639,13 @@ class _ModuleTree:
 
 
 def _module_tree(module, name, trees):
+    """The module's tree, read from its dicts also when its class defines named_parameters or
+    named_modules of its own: plain PyTorch would not call them, and they may do anything (FSDP's
+    give the same names outside summon_full_params)."""
     tree = trees.get((id(module), name))
     if tree is None:
-        if type(module).named_parameters is not _NAMED_PARAMETERS or type(module).named_modules is not _NAMED_MODULES:
-            tree = _GeneratorModuleTree(module, name)  # a module that names its own (FSDP wrappers, ...)
-        else:
-            tree = _ModuleTree(module, name)
-        trees[(id(module), name)] = tree
+        tree = trees[(id(module), name)] = _ModuleTree(module, name)
     return tree
-
-
-class _GeneratorModuleTree:
-    __slots__ = ("params", "buffers", "modules")
-
-    def __init__(self, module, name):
-        self.params = [("%s.%s" % (name, pname), p) for pname, p in module.named_parameters()]
-        self.buffers = [("%s.%s" % (name, pname), p) for pname, p in module.named_buffers()]
-        self.modules = [(id(m), "%s.%s" % (name, mname) if mname else name) for mname, m in module.named_modules()]
-
-
-_NAMED_PARAMETERS = torch.nn.Module.named_parameters
-_NAMED_MODULES = torch.nn.Module.named_modules
 
 
 def _names(trace, found: Dict[int, str]):

@@ -207,7 +207,7 @@ def _slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check=T
                 t_id = by_pointer(data)
         current = data._version
         saved_version = versions[1] if stale and versions else current
-        out.append((key, slot, t_id, data.shape, data.dtype, saved_version, current, bool(stale), False,
+        out.append((key, slot, t_id, shape_of(data), data.dtype, saved_version, current, bool(stale), False,
                     byte_range(data) if check else None, is_output, False))
     return out
 
@@ -264,16 +264,40 @@ class _PointerIndex:
 def _match_output(recorder, fn, data):
     """A saved output comes back as a new tensor object: find the recorded tensor it aliases."""
     op_index = recorder.op_of_seq(fn._sequence_nr())
-    ptr, shape = data.data_ptr(), tuple(data.shape)
+    ptr, shape = data.data_ptr(), shape_of(data)
     candidates = recorder.ops[op_index][6] if op_index is not None else ()
     for t_id in candidates:
         t = recorder.refs[t_id]()
-        if t is not None and t.data_ptr() == ptr and tuple(t.shape) == shape:
+        if t is not None and t.data_ptr() == ptr and shape_of(t) == shape:
             return t_id
     for t_id in candidates:
         if tuple(recorder.tensor_meta[t_id][0]) == shape:
             return t_id
     return None
+
+
+def shape_of(t) -> tuple:
+    """A tensor's shape as a tuple, also for one without a shape as a whole (see shape_in_parts)."""
+    try:
+        return tuple(t.shape)
+    except Exception:
+        return shape_in_parts(t)
+
+
+def shape_in_parts(t) -> tuple:
+    """The shape of a tensor that has none as a whole: a strided nested tensor (a dimension whose
+    size differs between its components is "ragged"), or a lazy module's parameter before its
+    first call ("uninitialized")."""
+    try:
+        sizes = []
+        for dim in range(t.dim()):
+            try:
+                sizes.append(t.size(dim))
+            except RuntimeError:
+                sizes.append("ragged")
+        return tuple(sizes)
+    except Exception:
+        return ("uninitialized",)
 
 
 def byte_range(t):

@@ -47,7 +47,7 @@ def nonfinite_flags(grads):
     def read():
         with _no_subclass_dispatch():
             return [(tid, _cpu_nonfinite(g) if type(g) is _Tensor and g.is_cpu and g.dtype in _SUMMED
-                     and g.layout is _STRIDED else _nonfinite(g)) for tid, g in grads
+                     and g.layout is _STRIDED and not g.is_nested else _nonfinite(g)) for tid, g in grads
                     if type(g) is _Tensor or not _dispatches(g)]
     return _unseen(read)
 
@@ -62,9 +62,7 @@ def _nonfinite(g):
     """A 0-d bool tensor on g's device, without a sync. The smallest and the largest value, one
     reduction with no temporary the size of the gradient: NaN propagates to both, an Inf is one
     of them, and unlike a sum they cannot overflow (large finite gradients are not NaN)."""
-    g = g.detach()
-    if g.layout != torch.strided:  # sparse COO, CSR and friends, jagged nested tensors: their values
-        g = g._values() if g.is_sparse else g.values()
+    g = _values(g.detach())
     if g.is_complex():
         g = torch.view_as_real(g)
     if g.numel() == 0:
@@ -73,9 +71,21 @@ def _nonfinite(g):
     return torch.isnan(low * 0 + high * 0)  # 0 * Inf and 0 * NaN are NaN, 0 * a finite value is 0
 
 
+def _values(g):
+    """The stored values of a tensor as one strided tensor: those of sparse layouts and of jagged
+    nested tensors, the components of a strided nested tensor padded with zeros (finite)."""
+    if g.layout != torch.strided:  # sparse COO, CSR and friends, jagged nested tensors
+        return g._values() if g.is_sparse else g.values()
+    if g.is_nested:
+        return torch.nested.to_padded_tensor(g, 0.0)
+    return g
+
+
 def _total(g):
     # Detached, not under no_grad(): a grad-mode switch that an interrupt splits would stay off.
     g = g.detach()
+    if g.is_nested:
+        g = _values(g)
     if g.is_sparse or g.layout != torch.strided:
         return g.to_dense().sum() if g.is_sparse else g.sum()
     return g.sum(dtype=torch.float32) if g.dtype in (torch.float16, torch.bfloat16) else g.sum()

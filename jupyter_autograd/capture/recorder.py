@@ -30,11 +30,12 @@ from torch.optim import optimizer as _optim_module
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle as _RemovableHandle
 
-from . import distributed
+from . import debuggers, distributed
 from . import graph as graph_snapshot
 from . import nan_watch
 from .kept import KeptTensors
 from .graph import byte_range
+from .graph import shape_in_parts as _shape_in_parts
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 # Installed libraries (transformers, timm, ...): an op inside them is named at the user's line that
@@ -84,6 +85,33 @@ _SCALARS = frozenset({int, float, bool, complex, type(None), str, torch.dtype, t
 OP_FUNC, OP_CODE, OP_LINE, OP_IN, OP_VB, OP_VA, OP_OUT, OP_SEQ, OP_WR, OP_GRAD, OP_ERR = range(11)
 
 _state = threading.local()  # .recorder: the Recorder active in this thread, if any
+
+
+class _BlockEnded:
+    __slots__ = ()
+
+    def __repr__(self):
+        return "the block has ended"
+
+
+# Recorder.off once its block has ended (lifecycle.release); the with statement's watch sets it to
+# a dead weak reference instead (lifecycle.watch_block). Any `off` that is not None or a str.
+BLOCK_ENDED = _BlockEnded()
+
+
+def block_has_ended(recorder) -> bool:
+    off = recorder.off
+    return off is not None and off.__class__ is not str
+
+
+def _after_block(recorder):
+    """A call through a recorder whose block has ended without its thread taking it back."""
+    from . import lifecycle  # rare: once such a block ended, its first call heals what it can
+
+    try:
+        lifecycle.heal(recorder)
+    except Exception:  # never let the tool break the user's call; the next capture tries again
+        pass
 _Function = torch.autograd.function.Function
 _original_apply = _Function.__dict__["apply"]
 
@@ -130,9 +158,11 @@ def _enter_module(module, args):
             if frame is not None:
                 try:
                     inputs = recorder.argument_tids(args)
-                except Exception as exc:  # never let the tool break the user's call
-                    recorder._fail(exc)
-                    return None
+                except Exception as exc:  # never let the tool break the user's call; lose only this
+                    inputs = ()
+                    recorder.lose("reading the arguments of the call of %s at %s" % (
+                        type(module).__name__, _place(frame.f_code, frame.f_lineno)), exc,
+                        "the tensors passed to that call are not linked to it")
                 recorder.open_calls.append((module, frame.f_code, frame.f_lineno, frame.f_lasti,
                                             len(recorder.ops), recorder.module_path, inputs))
 
@@ -325,8 +355,9 @@ def _has_any_global_hook_but_ours():
 
 def install_hooks():
     """Hooks for the whole capture: custom Function.apply, a step's profiler scope, the nn.Module
-    call stack (so that large graphs can be grouped by module) and optimizer steps. Forward
-    hooks change no result; always-call keeps the stack right when a forward raises.
+    call stack (so that large graphs can be grouped by module) and optimizer steps, and debuggers'
+    stop_here (debuggers.py). Forward hooks change no result; always-call keeps the stack right
+    when a forward raises.
 
     All or nothing: if one cannot be installed, those already installed are removed and the
     error is raised. Callers hold interrupts (see capture) while this runs."""
@@ -337,6 +368,7 @@ def install_hooks():
             _nn_module._has_any_global_hook = _has_any_global_hook_but_ours
             _overrides.has_torch_function = _has_torch_function_but_ours
             distributed.install()  # notes the line that builds a DistributedDataParallel
+            debuggers.install()
             for (hooks, hook, always_called), key in zip(_hook_table(), _HOOK_KEYS):
                 _installed_hooks.append((hooks, key, always_called))
                 hooks[key] = hook
@@ -373,6 +405,10 @@ def _remove_all_hooks():
     try:
         _nn_module._has_any_global_hook = _original_has_any_global_hook
         _overrides.has_torch_function = _original_has_torch_function
+    except BaseException as exc:
+        failure = failure or exc
+    try:
+        debuggers.remove()
     except BaseException as exc:
         failure = failure or exc
     while _installed_hooks:
@@ -521,7 +557,7 @@ class Recorder(TorchFunctionMode):
         self.nonfinite = {}            # at the end: tid -> index of the first backward that left its grad non-finite
         self.param_owner = {}          # at the end: parameter tid -> name of the outermost module that holds it
         self.failure = None            # why recording stopped, if it did
-        self.off = None                # non-None while recording is paused or after a failure
+        self.off = None                # a str while paused or after a failure; not a str once the block has ended
         self.module_path = ()          # the nn.Modules whose forward is running, outermost first
         self.modules = {}              # id(module) -> module, for naming at the end of the block
         self.module_call_sites = {}    # id(outermost module) -> (filename, line, columns or None) of the user's call
@@ -558,6 +594,8 @@ class Recorder(TorchFunctionMode):
         # Per custom autograd.Function call whose forward ran recorded ops: its first such op and
         # its own op, flat. A forward runs with grad off because the call runs it.
         self.function_calls = array("q")
+        self.installation = None       # what its block installed (lifecycle.Installation)
+        self.block_watch = None        # the with statement's watch on the block's end (lifecycle.watch_block)
 
     # -- hot path -----------------------------------------------------------------------------
     # Written for speed: every line here runs for every tensor call of the block. C-level loops
@@ -567,6 +605,8 @@ class Recorder(TorchFunctionMode):
         off = self.off
         if off is not None:
             if off is not _STEPPING:
+                if off.__class__ is not str:  # its block has ended: see block_has_ended
+                    _after_block(self)
                 return func(*args, **kwargs) if kwargs else func(*args)
             if func is _PROFILER_EXIT or func is _PROFILER_ENTER:
                 try:
@@ -663,7 +703,7 @@ class Recorder(TorchFunctionMode):
         written = None
         if after != before:
             tid = self._tid
-            written = tuple((tid(t), byte_range(t)) for t, b, a in zip(tensors, before, after) if a != b)
+            written = tuple((tid(t), self.range_written(t)) for t, b, a in zip(tensors, before, after) if a != b)
             self.last_write = index
         else:
             after = before  # one tuple for both: most calls write nothing
@@ -773,7 +813,8 @@ class Recorder(TorchFunctionMode):
         """The step is over: its post-hook ran, or its profiler scope closed as it raised, or (our
         mode off the stack) a hook of ours or the block's end met it still open. Our mode goes
         back on the stack while the block is still recording."""
-        recording = getattr(_state, "recorder", None) is self  # else the block has ended: stay inert
+        # Else the block has ended: stay inert.
+        recording = getattr(_state, "recorder", None) is self and not block_has_ended(self)
         if self.step_popped:
             self.step_popped = False
             if recording and not _on_stack(self):
@@ -785,7 +826,7 @@ class Recorder(TorchFunctionMode):
             after = _versions(tensors)
             changed = [i for i, (b, a) in enumerate(zip(before, after)) if a != b]
             tids = tuple(self._tid(tensors[i]) for i in changed)
-            written = tuple((t_id, byte_range(tensors[i])) for t_id, i in zip(tids, changed)) or None
+            written = tuple((t_id, self.range_written(tensors[i])) for t_id, i in zip(tids, changed)) or None
         index = len(self.ops)
         if written:
             self.last_write = index
@@ -926,8 +967,29 @@ class Recorder(TorchFunctionMode):
             return made if made >= 0 else None
         return made
 
+    def range_written(self, t):
+        """The bytes a write changed (graph.byte_range); None, said in the trace, if they cannot be read."""
+        try:
+            return byte_range(t)
+        except Exception as exc:
+            self.lose("reading the memory range of a write at %s" % _place(*self._user_line(_getframe(1))), exc,
+                      "writes there are not matched to the saved tensors they may have changed")
+            return None
+
+    def lose(self, what, exc, lost):
+        """One part of the analysis failed: the rest goes on, and the trace says what was lost."""
+        if exc is not None and isinstance(exc, RecursionError):
+            self.too_deep += 1
+            return
+        message = lost_part(what, exc, lost)
+        lost_parts = self.__dict__.setdefault("lost_parts", {})
+        if message in lost_parts or len(lost_parts) < 20:  # a part failing at every step of a loop: said once
+            lost_parts[message] = lost_parts.get(message, 0) + 1
+
     def _fail(self, exc):
-        self.failure = self.off = "%s: %s" % (type(exc).__name__, exc)
+        self.failure = "%s: %s" % (type(exc).__name__, exc)
+        if not block_has_ended(self):
+            self.off = self.failure
 
     # -- bounded memory -------------------------------------------------------------------------
     def _fold(self, upto):
@@ -1203,18 +1265,37 @@ class Recorder(TorchFunctionMode):
         frame = sys._getframe(2)
         while frame is not None and _frame_kind(frame.f_code.co_filename):
             frame = frame.f_back
-        names = frame_names(frame)
-        if names is not None:
-            self.note_names(names)
-        self.checkpoints.append(graph_snapshot.take(self, roots, len(self.ops), "backward", inputs, retain))
+        where = "the backward at %s" % ("?" if frame is None else _place(frame.f_code, frame.f_lineno))
+        try:
+            names = frame_names(frame)
+            if names is not None:
+                self.note_names(names)
+        except Exception as exc:
+            self.lose("reading the variable names at " + where, exc, "tensors there are described instead of named")
+        try:
+            snapshot = graph_snapshot.take(self, roots, len(self.ops), "backward", inputs, retain)
+        except Exception as exc:
+            self.lose("the graph walk before " + where, exc, "the saved tensors of that call were not checked")
+            snapshot = (len(self.ops), "backward", [], [], [], retain)
+            self.walked_leaves = self.walked_nodes = ()
+        self.checkpoints.append(snapshot)
         self.kept.look(self.refs, len(self.ops))
 
     def note_names(self, namespace):
-        for name, value in list(namespace.items()):
+        for name, value in list(dict.items(namespace)):  # not a subclass's items(): no code of the user's
             if value_kind(value) is TENSOR and not name.startswith("_"):
                 t_id = self.known(value)
                 if t_id is not None:
                     self.names.setdefault(t_id, name)
+
+
+def lost_part(what, exc, lost):
+    """The trace's warning for a part of the analysis that failed: what failed, why, what is missing."""
+    return "%s failed (%s: %s): %s" % (what, type(exc).__name__, exc, lost)
+
+
+def _place(code, line):
+    return "line %d" % line if code is None else "%s, line %d" % (code.co_filename, line)
 
 
 def _on_stack(mode):
@@ -1382,22 +1463,6 @@ def _current_versions(tensors):
         if isinstance(exc, RecursionError):
             raise
         return _versions(tensors)
-
-
-def _shape_in_parts(t) -> tuple:
-    """The shape of a tensor that has none as a whole: a strided nested tensor (a dimension whose
-    size differs between its components is "ragged"), or a lazy module's parameter before its
-    first call ("uninitialized")."""
-    try:
-        sizes = []
-        for dim in range(t.dim()):
-            try:
-                sizes.append(t.size(dim))
-            except RuntimeError:
-                sizes.append("ragged")
-        return tuple(sizes)
-    except Exception:
-        return ("uninitialized",)
 
 
 def _versions(tensors):

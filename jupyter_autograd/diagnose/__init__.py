@@ -18,22 +18,41 @@ _ORDER = {kind: i for i, kind in enumerate(PROBLEM_KINDS)}
 
 
 def diagnose(trace: Trace) -> List[Diagnosis]:
+    """Every rule, each failing alone: a rule that raises loses its own kind of problem, said in
+    `trace.warnings`, and the others still run."""
     ranks: Dict[int, tuple] = {}
-    saved = inplace._saved_tensor_writes(trace, ranks)
-    cuts = flow.graph_cut(trace)
+
+    def rule(find, kinds, *args):
+        try:
+            return find(trace, *args)
+        except Exception as exc:
+            trace.warnings.append("the rule for %s failed (%s: %s): problems of that kind were not looked for"
+                                  % (kinds, type(exc).__name__, exc))
+            return []
+
+    saved = rule(inplace._saved_tensor_writes, "saved tensors changed in place (saved-tensor-modified, "
+                 "silent-data-mutation)", ranks)
+    cuts = rule(flow.graph_cut, "graphs cut off (graph-cut)")
     # Parameters starved by a cut on the way to a loss that graph-cut names are that problem, said
     # once (with the loss): the cut is among the ops the loss was computed from.
     # (By line: in a loop, the loss named and the cut met by the missing gradient may be of
     # different iterations.)
-    upstream = set()
-    for d in cuts:
-        upstream |= ancestors(trace, d.tids, len(trace.ops))
-    upstream_lines = {(op.location.filename, op.location.line) for op in trace.ops
-                      if op.location is not None and any(t in upstream for t in op.outputs)}
-    missing = [d for d in flow.missing_grad(trace) if (d.filename, d.line) not in upstream_lines]
-    found = (inplace._leaf_inplace(trace) + saved + inplace._accumulated_graphs(trace) + inplace._retained_history(trace)
-             + flow.graph_freed(trace) + cuts + missing + flow.nan_gradient(trace) + errors.error_kinds(trace))
-    found += errors.backward_error(trace, found, EXPLAINS)
+    def starved_by_cuts(trace):
+        upstream = set()
+        for d in cuts:
+            upstream |= ancestors(trace, d.tids, len(trace.ops))
+        upstream_lines = {(op.location.filename, op.location.line) for op in trace.ops
+                          if op.location is not None and any(t in upstream for t in op.outputs)}
+        return [d for d in flow.missing_grad(trace) if (d.filename, d.line) not in upstream_lines]
+
+    missing = rule(starved_by_cuts, "tensors that get no gradient (missing-grad)")
+    found = (rule(inplace._leaf_inplace, "in-place changes of leaves (leaf-inplace)") + saved
+             + rule(inplace._accumulated_graphs, "accumulated graphs (accumulated-graph)")
+             + rule(inplace._retained_history, "graphs run again with retain_graph (accumulated-graph)")
+             + rule(flow.graph_freed, "freed graphs (graph-freed)") + cuts + missing
+             + rule(flow.nan_gradient, "NaN or Inf gradients (nan-gradient)")
+             + rule(errors.error_kinds, "errors that backward and the ops raised (their kinds)"))
+    found += rule(errors.backward_error, "other errors of backward (backward-error)", found, EXPLAINS)
     # Within a kind: leaf writes in the order they ran; saved-tensor problems in the order backward
     # meets them; the rest in the order of their lines.
     found.sort(key=lambda d: (_ORDER[d.kind], ranks.get(id(d), ()), d.op_index if d.op_index is not None else -1))

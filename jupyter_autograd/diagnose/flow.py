@@ -583,6 +583,8 @@ def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis
     for info in trace.tensors.values():
         if not info.is_leaf or (info.owner is None and not info.optimized) or info.tid in got:
             continue
+        if info.elements == 0:  # nothing of it here (FSDP keeps an empty shard of what another process holds)
+            continue
         if not info.requires_grad:
             if info.owner in trained_owners:
                 frozen.append(info.name)
