@@ -1,6 +1,7 @@
 """Rules for writes and cuts, wherever the tensor lives and however the write or cut is spelled:
-silent-data-mutation through `.data =`, leaf-inplace through every spelling of a write (`out=`
-included), and the user's names for tensors made inside functions (a torch.compile output among them).
+silent-data-mutation through `.data =`, graph-cut at a grad-mode switch left behind, leaf-inplace
+through every spelling of a write (`out=` included), and the user's names for tensors made inside
+functions (a torch.compile output among them).
 
 Each program is shaped like real code (helpers, classes, training loops) and keeps the tensor where
 real code keeps it: a local, an attribute, a list element, a dict value, a closure, a helper object.
@@ -396,6 +397,167 @@ def test_a_swap_is_predicted_before_backward_runs():
     [d] = trace.diagnoses  # no backward ran: the graph of `loss` will read the restored values
     assert (d.kind, d.line, d.tensor, d.predicted) == ("silent-data-mutation", line_of("sam-restore"), "model.w2", True)
     del loss
+
+
+# -- graph-cut: grad recording switched off and left off -------------------------------------------
+
+class Evaluator:
+    """Evaluation helpers that switch grad off for the thread: each forgets to switch it back."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def accuracy(self, x, y):
+        torch.set_grad_enabled(False)  # <cut-global>
+        return (self.model(x).argmax(-1) == y).float().mean().item()
+
+    def loss_logged(self, x, y, log=False):
+        torch.autograd.set_grad_enabled(False)  # <cut-wrong-path>
+        value = F.cross_entropy(self.model(x), y).item()
+        if log:
+            torch.autograd.set_grad_enabled(True)
+        return value
+
+    def begin(self):
+        torch.no_grad().__enter__()  # <cut-enter>
+
+
+def train_then_evaluate(evaluate):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    helper = Evaluator(model)
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    try:
+        for step in range(3):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            evaluate(helper, x, y)
+    finally:
+        torch.set_grad_enabled(True)  # the mode is global: leave the process as it was
+
+
+def features_from(model, batches, mode):
+    with mode():  # <cut-generator>
+        for x, y in batches:
+            yield model(x), y
+
+
+def train_on_features(mode):
+    torch.manual_seed(0)
+    backbone, head = nn.Linear(4, 8), nn.Linear(8, 3)
+    batches = [(torch.randn(16, 4), torch.randint(0, 3, (16,))) for _ in range(2)]
+    stats = {}
+    for feat, y in features_from(backbone, batches, mode):
+        stats["loss"] = F.cross_entropy(head(feat.clone()), y)
+        stats["loss"].backward()
+
+
+class Trainer:
+    def __init__(self):
+        self.model = nn.Linear(4, 1)
+
+    def step_under_the_callers_no_grad(self, x, y):
+        with torch.no_grad():  # <cut-with-around-call>
+            self.loss = self.compute_loss(x, y)
+        self.loss.backward()
+
+    def compute_loss(self, x, y):
+        return F.mse_loss(self.model(x), y)
+
+
+@torch.no_grad()
+def predict(model, x):
+    return model(x)  # <cut-decorated>
+
+
+def train_with_predict():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    losses = [F.mse_loss(predict(model, torch.randn(8, 4)), torch.randn(8, 1))]
+    losses[-1].backward()
+
+
+CUTS = {
+    "set_grad_enabled(False) in a helper method": (
+        lambda: train_then_evaluate(lambda h, x, y: h.accuracy(x, y)), "cut-global", "loss"),
+    "autograd.set_grad_enabled, switched back on another path": (
+        lambda: train_then_evaluate(lambda h, x, y: h.loss_logged(x, y)), "cut-wrong-path", "loss"),
+    "no_grad().__enter__() on a helper object": (
+        lambda: train_then_evaluate(lambda h, x, y: h.begin()), "cut-enter", "loss"),
+    "a generator suspended inside no_grad, dict value": (
+        lambda: train_on_features(torch.no_grad), "cut-generator", 'stats["loss"]'),
+    "a generator suspended inside inference_mode, dict value": (
+        lambda: train_on_features(torch.inference_mode), "cut-generator", 'stats["loss"]'),
+    "with no_grad around the call of the loss function, attribute": (
+        lambda: Trainer().step_under_the_callers_no_grad(torch.randn(8, 4), torch.randn(8, 1)),
+        "cut-with-around-call", "self.loss"),
+    "a decorated helper is a scope: cut inside it, list element": (train_with_predict, "cut-decorated", None),
+}
+
+
+@pytest.mark.parametrize("case", list(CUTS), ids=list(CUTS))
+def test_a_cut_is_named_where_grad_was_switched_off(case):
+    program, culprit, name = CUTS[case]
+    plain, _ = run_plain(program)
+    assert isinstance(plain, RuntimeError) and "does not require grad" in str(plain)  # the oracle
+    assert torch.is_grad_enabled()
+    trace, error, _ = run_captured(program)
+    assert torch.is_grad_enabled()
+    assert type(error) is RuntimeError and str(error) == str(plain)
+    [d] = trace.diagnoses
+    assert (d.kind, d.line) == ("graph-cut", line_of(culprit))
+    if name is not None:
+        assert d.tensor == name
+    else:  # `losses[-1]` was never assigned a name: described, never misnamed `losses`
+        assert d.tensor.startswith("the float32 result of F.mse_loss")
+    if culprit != "cut-decorated":
+        assert "switched gradient recording off" in d.message and "There is no one-line fix" in d.fix
+
+
+def test_a_with_block_around_the_loss_in_the_same_function_stays_at_the_op():
+    def step(model, x):
+        with torch.no_grad():
+            pred = model(x)  # <cut-inside-with>
+        pred.sum().backward()
+
+    trace, error, _ = run_captured(step, nn.Linear(3, 1), torch.randn(4, 3))
+    assert "does not require grad" in str(error)
+    [d] = trace.diagnoses
+    assert (d.kind, d.line) == ("graph-cut", line_of("cut-inside-with"))
+    assert d.tensor.startswith("the float32 result of Tensor.sum")  # `pred.sum()`: no name of its own
+
+
+def test_evaluation_under_a_balanced_switch_is_fine():
+    def fit(model, opt, x, y):
+        for step in range(3):
+            loss = F.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            previous = torch.is_grad_enabled()
+            torch.set_grad_enabled(False)
+            F.mse_loss(model(x), y).item()
+            torch.set_grad_enabled(previous)
+            with torch.inference_mode():
+                model(x).sum().item()
+
+    model = nn.Linear(4, 1)
+    trace, error, _ = run_captured(fit, model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(8, 4),
+                                   torch.randn(8, 1))
+    assert error is None and trace.diagnoses == []
+    assert model.weight.grad is not None  # the oracle: every step trained
+
+
+def test_inference_mode_hooks_are_gone_after_the_block():
+    enter, exit_ = torch.inference_mode.__enter__, torch.inference_mode.__exit__
+    with ja.capture():
+        with torch.inference_mode():
+            y = torch.ones(2) * 2
+    assert torch.inference_mode.__enter__ is enter and torch.inference_mode.__exit__ is exit_
+    assert y.is_inference() and torch.is_grad_enabled()
 
 
 # -- leaf-inplace: every write into a leaf that requires grad --------------------------------------
