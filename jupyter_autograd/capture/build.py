@@ -596,10 +596,11 @@ def _names(trace, found: Dict[int, str]):
         found.setdefault(t_id, name)
     for t_id, info in trace.tensors.items():
         info.name = found.get(t_id)
-    # `.detach()` shares its source's memory and version counter, as a view shares its base's: an
-    # alias made inside torch (the output a compiled function saved for backward) is that tensor.
+    # A detached alias shares its source's memory and version counter, as a view shares its base's.
+    # One that torch made by calling the aten op (the output a compiled function saved for backward)
+    # was never the user's: it is that tensor. (The user's own `x.detach()` is a tensor of its own.)
     detached_from = {op.outputs[0]: op.inputs[0] for op in trace.ops
-                     if len(op.inputs) == 1 and len(op.outputs) == 1 and _is_detach(op.name)}
+                     if len(op.inputs) == 1 and len(op.outputs) == 1 and op.name.endswith("aten::detach")}
     # Views and aliases without a name of their own go by their base's name.
     for info in trace.tensors.values():
         if info.name is None:
@@ -614,11 +615,6 @@ def _names(trace, found: Dict[int, str]):
                 cur = trace.tensors[nxt]
             if cur.name is not None and cur is not info:
                 info.name = cur.name + (".data" if info.data_alias_of == cur.tid else "")
-
-
-def _is_detach(op_name: str) -> bool:
-    """Tensor.detach, torch.detach, and aten::detach called by torch's own code."""
-    return op_name.rpartition(".")[2].rpartition("::")[2] == "detach"
 
 
 def _assignment_targets(trace) -> Dict[int, str]:
@@ -643,10 +639,14 @@ def _assignment_targets(trace) -> Dict[int, str]:
     # runs its ops at any of them. An op that takes and returns no tensor (a grad-mode switch, the
     # bookkeeping of a compiled function) names nothing and does not end its statement's value.
     units: List[Optional[tuple]] = [None] * len(ops)
+    unit_at: Dict[int, tuple] = {}  # ops of one line share one Location: its unit is made once
     for i, op in enumerate(ops):
         where = op.location
         if where is not None and (op.inputs or op.outputs):
-            units[i] = (where.filename, where.function, where.scope, statements.first_line(where))
+            unit = unit_at.get(id(where))
+            if unit is None:
+                unit = unit_at[id(where)] = (where.filename, where.function, where.scope, statements.first_line(where))
+            units[i] = unit
     # The next op of the same function: a statement that calls user code (a module's forward written
     # by the user, a forward hook) runs that code's lines in the middle of its own ops, so its last
     # op is the last before the function moves to another statement, not before any other line.
@@ -680,11 +680,12 @@ def _assignment_targets(trace) -> Dict[int, str]:
         target, callee, operands, element, constructor = parsed[text]
         if constructor is not None and statements.facts(op.location.filename).is_class(constructor):
             target = element = None  # `dist = Categorical(logits=...)` is the object, not the last op's tensor
-        written = _written_tensor(op, text, parsed, lambda tid: _made_in_statement(ops, units, i, tid))
-        if written is not None:
-            names.setdefault(*written)
-        end = len(ops) if following is None else following
-        if any(i < first < end for first in calls_from.get(unit, ())):
+        if op.writes or op.error is not None:
+            written = _written_tensor(op, text, parsed, lambda tid: _made_in_statement(ops, units, i, tid))
+            if written is not None:
+                names.setdefault(*written)
+        starts = calls_from.get(unit)
+        if starts and any(i < first < (len(ops) if following is None else following) for first in starts):
             continue
         if isinstance(target, tuple):  # `out, self.hidden = self.rnn(x, self.hidden)`: one name per output
             if len(target) == len(op.outputs) and not op.is_backward:

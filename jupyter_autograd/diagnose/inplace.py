@@ -137,7 +137,9 @@ def _merge_same_write(trace: Trace, diagnoses: List[Diagnosis], ranks: Dict[int,
     for group in by_write.values():
         group.sort(key=lambda d: ranks[id(d)])
         first = group[0]
-        others = [d.tensor or trace.tensor_label(d.tids[0] if d.tids else None) for d in group[1:]]
+        # The same tensor object saved again (by the next call of a forward) is not one more tensor.
+        others = [d.tensor or trace.tensor_label(d.tids[0] if d.tids else None) for d in group[1:]
+                  if not (d.tids and first.tids and d.tids[0] == first.tids[0])]
         if others:
             shown = ", ".join("`%s`" % o for o in others[:6]) + (", ..." if len(others) > 6 else "")
             first.message += " The same write also changed %d more saved tensor%s: %s." % (
