@@ -387,6 +387,60 @@ def test_a_swap_that_fails_raises_as_without_the_tool():
     assert [d for d in trace.diagnoses] == []
 
 
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, s):
+        ctx.save_for_backward(s)
+        return x * s
+
+    @staticmethod
+    def backward(ctx, grad):
+        (s,) = ctx.saved_tensors
+        return grad * s, None
+
+
+def swap_saved_by_a_custom_function(swap=True):
+    x = torch.linspace(-1.0, 1.0, 4, requires_grad=True)
+    s = torch.full((4,), 2.0)
+    y = Scale.apply(x, s)  # <custom-saved>
+    if swap:
+        s.data = torch.zeros(4)  # <custom-swap>
+    else:
+        s = torch.zeros(4)
+    y.sum().backward()
+    return [x]
+
+
+def swap_late_in_a_long_loop(steps=3200, swap=True):
+    """Long enough that the early steps are folded (their details dropped) before the swap."""
+    w = torch.ones(4, requires_grad=True)
+    gain = torch.full((4,), 2.0)
+    for step in range(steps):
+        y = (w * gain).tanh().sum()  # <long-saved>
+        if step == steps - 2:
+            if swap:
+                gain.data = torch.full((4,), 3.0)  # <long-swap>
+            else:
+                gain = torch.full((4,), 3.0)
+        y.backward()
+    return [w]
+
+
+@pytest.mark.parametrize("program, reference, culprit, saved, name", [
+    (swap_saved_by_a_custom_function, lambda: swap_saved_by_a_custom_function(swap=False), "custom-swap",
+     "custom-saved", "s"),
+    (swap_late_in_a_long_loop, lambda: swap_late_in_a_long_loop(swap=False), "long-swap", "long-saved", "gain"),
+], ids=["saved by a custom Function", "late in a long loop"])
+def test_a_swap_is_found_in_a_custom_function_and_after_folding(program, reference, culprit, saved, name):
+    assert not same(gradients(program()), gradients(reference()))  # the oracle
+    trace, error, _ = run_captured(program)
+    assert error is None
+    [d] = trace.diagnoses
+    assert (d.kind, d.line, d.saved_line, d.tensor) == ("silent-data-mutation", line_of(culprit), line_of(saved), name)
+    if program is swap_late_in_a_long_loop:
+        assert any("were folded" in note for note in trace.notes)
+
+
 def test_a_swap_is_predicted_before_backward_runs():
     torch.manual_seed(0)
     model = TwoLayer()
