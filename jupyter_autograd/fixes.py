@@ -137,11 +137,11 @@ def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[
     if view is not None and view.base is not None:
         # A write through a view is meant for its base too: a copy of the view, or rebinding it to an
         # out-of-place result, would leave the base unchanged for the code that reads it later.
-        return ("%s %s changes `%s` in place through `%s`, a view that shares its memory. Make the change "
-                "before %s, or make it on a copy of `%s` taken before the view is (`.clone()`), and use that copy "
-                "from there on.\n%s" % (NO_ONE_LINE_FIX, where(op), name, trace.tensor_label(written),
-                                         line_ref(save) if save is not None else "the tensor is saved", name,
-                                         SAVED_COPY_REMEDY))
+        copy = ("`%s.clone()`" % _expr(name)) if re.fullmatch(r"[A-Za-z_][\w.]*", name or "") else "`.clone()`"
+        return ("%s %s changes `%s` in place through `%s`, a view that shares its memory. Make the change before "
+                "%s, or take the view from a copy (%s) made after that line, and use the copy from there on.\n%s"
+                % (NO_ONE_LINE_FIX, where(op), name, trace.tensor_label(written),
+                   line_ref(save) if save is not None else "the tensor is saved", copy, SAVED_COPY_REMEDY))
     rewritten = out_of_place(src)
     if rewritten:
         return ("Use the out-of-place form, which leaves the saved value intact. %s\n%s\n%s\n%s"

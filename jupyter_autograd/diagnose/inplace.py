@@ -33,7 +33,7 @@ def _leaf_inplace(trace: Trace) -> List[Diagnosis]:
         if any(e in op.error for e in _LEAF_ERRORS):
             target = _leaf_input(trace, op)
         elif _OUT_ERROR in op.error:
-            target = next((t for t in map(lambda t: _leaf_of(trace, t), op.out) if t is not None), None)
+            target = next((leaf for leaf in (_leaf_of(trace, t) for t in op.out) if leaf is not None), None)
             if target is None:
                 continue
         else:
