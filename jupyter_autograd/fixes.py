@@ -41,11 +41,34 @@ def code(block: str) -> str:
 
 
 def leaf_fix(text: str, name: str) -> str:
+    copied = _out_as_copy(text) if "out=" in text else None
+    if copied:
+        # Under no_grad an `out=` call still writes, but it also clears the leaf's requires_grad: the
+        # parameter would silently stop training. Copying the result in keeps it a trainable leaf.
+        return ("Compute the values without `out=` and copy them in without recording it, before `%s` is used "
+                "(an `out=` call under `torch.no_grad()` would also switch off `%s.requires_grad`). %s\n%s"
+                % (name, _expr(name), REPLACE, code("with torch.no_grad():\n    " + copied)))
     if text and _is_simple_statement(text):
         return ("Make the change without recording it, before `%s` is used. %s\n%s\n"
                 "(or make it before setting requires_grad=True, or through `%s.detach()`)."
                 % (name, REPLACE, code("with torch.no_grad():\n    " + text), _expr(name)))
     return "Wrap the in-place change in `with torch.no_grad():`, before the tensor is used."
+
+
+def _out_as_copy(text: str) -> Optional[str]:
+    """`torch.arange(n, out=self.freq)` -> `self.freq.copy_(torch.arange(n))`: the one call given
+    `out=` computes its result, which is copied into the out tensor; None when that is not the line."""
+    stmt = _single_statement(text)
+    if not isinstance(stmt, (ast.Expr, ast.Assign)) or not isinstance(stmt.value, ast.Call):
+        return None
+    call = stmt.value
+    outs = [k for k in call.keywords if k.arg == "out"]
+    if len(outs) != 1 or isinstance(outs[0].value, (ast.Tuple, ast.List)):
+        return None
+    call.keywords = [k for k in call.keywords if k.arg != "out"]
+    stmt.value = ast.Call(func=ast.Attribute(value=outs[0].value, attr="copy_", ctx=ast.Load()), args=[call],
+                          keywords=[])
+    return ast.unparse(stmt)
 
 
 def accumulation_fix(src: str, linked_name: str, linked_known: bool) -> str:
@@ -91,6 +114,8 @@ def describe_write(op: OpRecord) -> str:
         return "an augmented assignment (`%s`)" % _AUG.get(short, short)
     if short.endswith("_"):
         return "`%s`" % name
+    if op.out:
+        return "`%s(..., out=...)`, which writes its result into it" % name
     return "`%s(..., inplace=True)`" % name if name.startswith("F.") else "`%s` (which writes to its input)" % name
 
 
@@ -99,7 +124,8 @@ _AUG = {"__iadd__": "+=", "__isub__": "-=", "__imul__": "*=", "__itruediv__": "/
         "__imatmul__": "@=", "__ilshift__": "<<=", "__irshift__": ">>="}
 
 
-def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[OpRecord]) -> str:
+def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[OpRecord],
+                written: Optional[int] = None) -> str:
     if op is None:
         return ("Write to a copy (`%s = %s.clone()`) instead of the saved tensor.\n%s"
                 % (_expr(name), _expr(name), SAVED_COPY_REMEDY))
@@ -107,6 +133,15 @@ def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[
     before = (" Or, if the new values were meant to be used, make the change before %s." % line_ref(save)
               if save is not None and save.location and not (op.location and op.location.line == save.location.line)
               else "")
+    view = trace.tensors.get(written) if written is not None else None
+    if view is not None and view.base is not None:
+        # A write through a view is meant for its base too: a copy of the view, or rebinding it to an
+        # out-of-place result, would leave the base unchanged for the code that reads it later.
+        copy = ("`%s.clone()`" % _expr(name)) if re.fullmatch(r"[A-Za-z_][\w.]*", name or "") else "`.clone()`"
+        return ("%s %s changes `%s` in place through `%s`, a view that shares its memory. Make the change before "
+                "%s, or take the view from a copy (%s) made after that line, and use the copy from there on.\n%s"
+                % (NO_ONE_LINE_FIX, where(op), name, trace.tensor_label(written),
+                   line_ref(save) if save is not None else "the tensor is saved", copy, SAVED_COPY_REMEDY))
     rewritten = out_of_place(src)
     if rewritten:
         return ("Use the out-of-place form, which leaves the saved value intact. %s\n%s\n%s\n%s"
@@ -190,6 +225,26 @@ def data_fix(trace: Trace, culprit, name: str, save: Optional[OpRecord]) -> str:
                    code("with torch.no_grad():\n    " + under_no_grad), detach))
     return ("%s %s Use `.detach()` instead of `.data` for `%s`, so PyTorch checks the write; then write to a "
             "copy (`%s.detach().clone()`), or %s.%s" % (NO_ONE_LINE_FIX, head, alias, _expr(name), moved, detach))
+
+
+def data_swap_fix(trace: Trace, op: OpRecord) -> str:
+    """`t.data = new` after a graph saved `t` itself: the swap has to move, or the tensor be left alone."""
+    text = ("%s never swap `.data` of a tensor that a graph still needs: the graph keeps the tensor object, and "
+            "PyTorch cannot see the swap. Either swap the values after backward() (restore a parameter once its "
+            "gradient is taken), or leave the tensor alone and give the new values a tensor of their own"
+            % NO_ONE_LINE_FIX)
+    stmt = _single_statement(op.location.source if op.location else "")
+    swapped = trace.tensors.get(op.writes[0]) if op.writes else None
+    if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Attribute)
+            and stmt.targets[0].attr == "data" and swapped is not None and not swapped.is_parameter):
+        holder = ast.unparse(stmt.targets[0].value)
+        if re.fullmatch(r"[A-Za-z_][\w.]*", holder):
+            value = ast.unparse(stmt.value)
+            value = value if value.endswith((".detach()", ".clone()")) else _operand(value) + ".detach()"
+            return ("%s: where the tensor is kept, bind a new one instead of swapping the memory of the one the graph "
+                    "holds:\n%s" % (text, code("%s = %s" % (holder, value))))
+    return text + (" (a parameter: run the forward with other values through `torch.func.functional_call()` instead "
+                   "of swapping them in).")
 
 
 def out_of_place(src: str) -> Optional[str]:

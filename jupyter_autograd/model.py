@@ -12,6 +12,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 # The op name of `t.requires_grad = ...` (a property set, recorded as an op: it can freeze a parameter).
 FREEZE_SETTER = "Tensor.requires_grad ="
+# The op name of `t.data = new`: it swaps the memory behind `t` (recorded as a write of `t`, whose
+# version counter does not move).
+DATA_SWAP = "Tensor.data ="
+# The op names of grad-mode switches (no_grad, set_grad_enabled and enable_grad call the first; entering
+# and leaving inference mode is recorded as the second): ops with no tensors and the mode they left.
+GRAD_MODE_SWITCHES = ("torch._C._set_grad_enabled", "torch.inference_mode")
 
 # By importance: silent problems and the in-place family first, then the errors that stop a
 # training step, the floor for any other autograd error last.
@@ -27,6 +33,7 @@ class Location:
     line: int
     function: str = ""
     source: str = ""  # the stripped text of that line, "" when not available
+    scope: int = 0    # the first line of the function's code: tells two functions of one name in one file apart
 
     def __str__(self) -> str:
         return "%s:%d" % (self.filename, self.line)
@@ -71,13 +78,15 @@ class OpRecord:
     location: Optional[Location]
     inputs: Tuple[int, ...] = ()
     outputs: Tuple[int, ...] = ()
-    writes: Tuple[int, ...] = ()         # inputs whose version counter moved during the op
+    writes: Tuple[int, ...] = ()         # inputs whose version counter moved during the op (or, for
+                                         # DATA_SWAP, whose memory was swapped)
     versions_before: Tuple[int, ...] = ()
     versions_after: Tuple[int, ...] = ()
     write_ranges: Tuple[Tuple[int, int], ...] = ()  # byte ranges written, one per entry of `writes`
     grad_enabled: bool = True
     node: Optional[int] = None           # key of the grad_fn node this op created
     error: Optional[str] = None          # "RuntimeError: ..." when the op raised
+    out: Tuple[int, ...] = ()            # for a call that raised: the tensors it was given as `out=`
     is_backward: bool = False
     module: Tuple[str, ...] = ()         # the nn.Module forwards it ran in, outermost first
 
@@ -93,6 +102,7 @@ class ModuleCall:
     outputs: Tuple[Optional[int], ...] = ()  # tids of what it returned (a tensor, or a tuple's elements)
     inputs: Tuple[int, ...] = ()         # tids of the tensors among its arguments (and in tuples of them)
     columns: Optional[Tuple[int, int]] = None  # (first, end) UTF-8 columns of the call on its line
+    span: Optional[Tuple[int, int, int, int]] = None  # (first line, column, end line, column): over several lines
 
 
 @dataclass(slots=True)

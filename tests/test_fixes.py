@@ -206,6 +206,9 @@ def clean_run(sc, diag):
         source = re.sub(r"\.data\b", ".detach()", sc.source)
     elif diag.kind == "leaf-inplace":
         stripped = sc.source.splitlines()[diag.line - 1].strip().split("#")[0].strip()
+        # An `out=` call run with grad off also clears its out tensor's requires_grad (PyTorch's rule for
+        # out=): the unrecorded write that keeps the leaf trainable goes through `.data`.
+        stripped = re.sub(r"\bout=([\w.]+)", r"out=\1.data", stripped)
         source = _replace_line(sc.source, diag.line, [
             "torch.set_grad_enabled(False); %s; torch.set_grad_enabled(True)" % stripped])
     elif diag.kind == "accumulated-graph":
@@ -288,6 +291,7 @@ NO_ONE_LINE_FIX_EXPECTED = {
     "losses_kept_in_a_list_then_stepped.py",  # every backward before the step, or a forward per step
     "losses_kept_in_a_trainer_history.py",    # the list that keeps them is not a recorded line
     "retained_totals_kept_in_a_list.py",      # the same: keep `.item()` where the list is filled
+    "names_in_a_policy_gradient_loss.py",  # a write through a view is meant for its base: no copy of the view
 }
 
 

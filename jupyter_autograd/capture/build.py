@@ -12,13 +12,14 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..model import (FREEZE_SETTER, Checkpoint, GraphNode, Location, ModuleCall, OpRecord, SavedSlot, TensorInfo,
-                     Trace)
+from ..model import (DATA_SWAP, FREEZE_SETTER, Checkpoint, GraphNode, Location, ModuleCall, OpRecord, SavedSlot,
+                     TensorInfo, Trace)
 from . import graph as graph_snapshot
 from . import nan_watch
 from . import distributed
-from .recorder import (_BACKWARD_FUNCS, _DATA_GETTER, _REQUIRES_GRAD_SETTER, _USER, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD,
-                       OP_IN, OP_LINE, OP_OUT, OP_VA, OP_VB, OP_WR, TENSOR, _frame_kind, call_columns, lost_part,
+from .recorder import (_BACKWARD_FUNCS, _DATA_GETTER, _DATA_SETTER, _REQUIRES_GRAD_SETTER, _USER, OP_CODE, OP_ERR,
+                       OP_FUNC, OP_GRAD, OP_IN, OP_LINE, OP_OUT, OP_VA, OP_VB, OP_WR, TENSOR, _frame_kind, call_columns,
+                       call_span, lost_part,
                        value_kind)
 
 _op_names = {}
@@ -36,6 +37,8 @@ def op_name(func) -> str:
         name = "Tensor.data"
     elif func == _REQUIRES_GRAD_SETTER:
         name = FREEZE_SETTER
+    elif func == _DATA_SETTER:
+        name = DATA_SWAP
     elif isinstance(owner, type):  # a classmethod such as MyFunction.apply
         name = "%s.%s" % (owner.__name__, getattr(func, "__name__", "?"))
     else:
@@ -113,6 +116,11 @@ def freeze(recorder, namespaces: Iterable[dict]):
         except Exception as exc:
             recorder.lose("listing the parameters of the models called", exc,
                           "parameters are described instead of named, and unused or frozen ones are not listed")
+        try:
+            for t_id, dotted in _module_buffers(recorder, module_names, trees).items():
+                names.setdefault(t_id, dotted)
+        except Exception as exc:
+            recorder.lose("listing the buffers of the models called", exc, "buffers are described instead of named")
         try:
             _name_module_paths(recorder, module_names)
         except Exception as exc:
@@ -239,6 +247,23 @@ def _module_parameters(recorder, module_names, trees):
     return out
 
 
+def _module_buffers(recorder, module_names, trees):
+    """tid -> dotted name of the buffers of the modules called in the block that the block used
+    (a spectral norm's power-iteration vector `model.u`): named as parameters are, owned by none."""
+    out = {}
+    for module, _ in _outermost_modules(recorder):
+        owner = module_names.get(id(module)) or type(module).__name__
+        try:
+            named = _module_tree(module, owner, trees).buffers
+        except Exception:
+            continue
+        for dotted, b in named:
+            t_id = recorder.known(b)
+            if t_id is not None:
+                out.setdefault(t_id, dotted)
+    return out
+
+
 def _name_module_paths(recorder, module_names):
     """Replace the module objects of each op's module path by dotted names (net.encoder.layers.0)."""
     by_path = {}
@@ -346,7 +371,7 @@ def _locations(recorder, trace) -> Dict[tuple, Location]:
         if filename not in trace.sources:
             trace.sources[filename] = list(linecache.getlines(filename))
         text = _without_comment(trace.source_line(filename, line)).strip()
-        cache[(id(code), line)] = Location(filename, line, code.co_name, text)
+        cache[(id(code), line)] = Location(filename, line, code.co_name, text, code.co_firstlineno)
     return cache
 
 
@@ -367,11 +392,12 @@ def _calls(recorder, trace):
                 if filename not in trace.sources:
                     trace.sources[filename] = list(linecache.getlines(filename))
                 text = _without_comment(trace.source_line(filename, line)).strip()
-                where = locations[(id(code), line)] = Location(filename, line, code.co_name, text)
+                where = locations[(id(code), line)] = Location(filename, line, code.co_name, text,
+                                                               code.co_firstlineno)
             outputs = tuple(t if t in trace.tensors else None for t in outputs)
             trace.calls.append(ModuleCall(location=where, module=path, first_op=first, end_op=end,
                                           outputs=outputs, inputs=tuple(t for t in inputs if t in trace.tensors),
-                                          columns=call_columns(code, line, lasti)))
+                                          columns=call_columns(code, line, lasti), span=call_span(code, lasti)))
     trace.calls.sort(key=lambda call: (call.first_op, -call.end_op))  # an enclosing call before those inside it
 
 
@@ -491,7 +517,8 @@ def _ops(recorder, trace, locations):
                       writes=tuple(w[0] for w in written) if written else (),
                       write_ranges=tuple(w[1] for w in written) if written else (),
                       grad_enabled=rec[OP_GRAD], node=nodes_of(index, rec),
-                      error=None if err is None else "%s: %s" % err, is_backward=func in _BACKWARD_FUNCS)
+                      error=None if err is None else "%s: %s" % err[:2],
+                      out=err[2] if err is not None and len(err) > 2 else (), is_backward=func in _BACKWARD_FUNCS)
         trace.ops.append(op)
         for t_id, vb, va in zip(op.inputs, op.versions_before, op.versions_after):
             info = trace.tensors[t_id]
@@ -654,6 +681,11 @@ def _names(trace, found: Dict[int, str]):
         found.setdefault(t_id, name)
     for t_id, info in trace.tensors.items():
         info.name = found.get(t_id)
+    # A detached alias shares its source's memory and version counter, as a view shares its base's.
+    # One that torch made by calling the aten op (the output a compiled function saved for backward)
+    # was never the user's: it is that tensor. (The user's own `x.detach()` is a tensor of its own.)
+    detached_from = {op.outputs[0]: op.inputs[0] for op in trace.ops
+                     if len(op.inputs) == 1 and len(op.outputs) == 1 and op.name.endswith("aten::detach")}
     # Views and aliases without a name of their own go by their base's name.
     for info in trace.tensors.values():
         if info.name is None:
@@ -661,6 +693,8 @@ def _names(trace, found: Dict[int, str]):
             while cur.name is None and cur.tid not in seen:
                 seen.add(cur.tid)
                 nxt = cur.base if cur.base is not None else cur.data_alias_of
+                if nxt is None:
+                    nxt = detached_from.get(cur.tid)
                 if nxt is None or nxt not in trace.tensors:
                     break
                 cur = trace.tensors[nxt]
@@ -670,11 +704,13 @@ def _names(trace, found: Dict[int, str]):
 
 def _assignment_targets(trace) -> Dict[int, str]:
     """Names read off the source: `d = torch.matmul(x, w1)` names the result of the last op that
-    ran on that line; when it is the only op of the line, its operands name its inputs too."""
+    ran for that statement; when it is the only op of the statement, its operands name its inputs
+    too; an in-place write names the tensor it writes (`self.freq` in `torch.arange(n, out=self.freq)`)."""
     names: Dict[int, str] = {}
     parsed: Dict[str, tuple] = {}
     ops = trace.ops
     tensors = trace.tensors
+    statements = _Statements(trace)
 
     def give(tid, name, text):
         # A parameter goes by its dotted path, or is described: `self.emb = nn.Embedding(10, 4)` ends
@@ -684,27 +720,58 @@ def _assignment_targets(trace) -> Dict[int, str]:
             return
         names.setdefault(tid, name)
 
-    # The next op of the same function: a line that calls user code (a module's forward written
-    # by the user, a forward hook) runs that code's lines in the middle of its own ops, so the
-    # line's last op is the last before the function moves to another line, not before any other line.
-    later_in_function: Dict[Tuple[str, str], Location] = {}
-    next_in_function: List[Optional[Location]] = [None] * len(ops)
-    for i in range(len(ops) - 1, -1, -1):
-        where = ops[i].location
-        if where is not None:
-            key = (where.filename, where.function)
-            next_in_function[i] = later_in_function.get(key)
-            later_in_function[key] = where
+    # Each op's statement, as (file, function, first line): a statement written over several lines
+    # runs its ops at any of them. An op that takes and returns no tensor (a grad-mode switch, the
+    # bookkeeping of a compiled function) names nothing and does not end its statement's value.
+    units: List[Optional[tuple]] = [None] * len(ops)
+    unit_at: Dict[int, tuple] = {}  # ops of one line share one Location: its unit is made once
     for i, op in enumerate(ops):
-        if op.location is None:
+        where = op.location
+        if where is not None and (op.inputs or op.outputs):
+            unit = unit_at.get(id(where))
+            if unit is None:
+                unit = unit_at[id(where)] = (where.filename, where.function, where.scope, statements.first_line(where))
+            units[i] = unit
+    # The next op of the same function: a statement that calls user code (a module's forward written
+    # by the user, a forward hook) runs that code's lines in the middle of its own ops, so its last
+    # op is the last before the function moves to another statement, not before any other line.
+    # Functions are told apart by their code (two `forward`s of one file are two functions).
+    later: Dict[tuple, int] = {}
+    next_in_function: List[Optional[int]] = [None] * len(ops)
+    for i in range(len(ops) - 1, -1, -1):
+        unit = units[i]
+        if unit is not None:
+            next_in_function[i] = later.get(unit[:3])
+            later[unit[:3]] = i
+    # Calls of user-written modules by statement: when one ends after the statement's last op (a
+    # Sequential whose last layer is the user's), what the statement assigns is what the call returned.
+    calls_from: Dict[tuple, List[int]] = {}
+    for call in trace.calls:
+        where = call.location
+        calls_from.setdefault((where.filename, where.function, where.scope, statements.first_line(where)),
+                              []).append(call.first_op)
+    previous = None
+    for i, op in enumerate(ops):
+        unit = units[i]
+        if unit is None:
             continue
-        prev = ops[i - 1] if i > 0 else None
-        if next_in_function[i] == op.location:
+        prev, previous = previous, unit
+        following = next_in_function[i]
+        if following is not None and units[following] == unit:
             continue
-        text = op.location.source
+        text = statements.text(op.location)
         if text not in parsed:
             parsed[text] = _read_statement(text)
-        target, callee, operands = parsed[text]
+        target, callee, operands, element, constructor = parsed[text]
+        if constructor is not None and statements.facts(op.location.filename).is_class(constructor):
+            target = element = None  # `dist = Categorical(logits=...)` is the object, not the last op's tensor
+        if op.writes or op.error is not None:
+            written = _written_tensor(op, text, parsed, lambda tid: _made_in_statement(ops, units, i, tid))
+            if written is not None:
+                names.setdefault(*written)
+        starts = calls_from.get(unit)
+        if starts and any(i < first < (len(ops) if following is None else following) for first in starts):
+            continue
         if isinstance(target, _LoopTarget):  # `for row in h.unbind(0):`: each element goes by the loop's name
             if not op.is_backward:
                 for tid in op.outputs:
@@ -716,42 +783,132 @@ def _assignment_targets(trace) -> Dict[int, str]:
                         give(tid, name, text)
         elif target and op.outputs and not op.is_backward:
             give(op.outputs[0], target, text)
-        alone = prev is None or prev.location != op.location
-        # Operands name inputs only when the line's call is this very op: `self.emb(ids)` runs
+        elif element and op.outputs and op.name != "Tensor.__setitem__":  # `stats["loss"] = F.mse_loss(...)`
+            give(op.outputs[0], element, text)
+        # Operands name inputs only when the statement's call is this very op: `self.emb(ids)` runs
         # F.embedding(ids, weight), whose inputs are not (self, ids).
-        if alone and operands is not None and len(operands) == len(op.inputs) and _same_op(callee, op.name):
+        if prev != unit and operands is not None and len(operands) == len(op.inputs) and _same_op(callee, op.name):
             for tid, name in zip(op.inputs, operands):
                 if name:
                     names.setdefault(tid, name)
-    # What a user-written module returned, by the line that called it (`fake = G(z)`: its ops ran
+    # What a user-written module returned, by the statement that called it (`fake = G(z)`: its ops ran
     # at the lines of G.forward, none at this one). After the names above: inside, it has its own.
     for call in trace.calls:
-        if call.columns is None or not call.outputs:
+        if call.span is None or not call.outputs:
             continue
-        full = trace.source_line(call.location.filename, call.location.line)
-        key = (full, call.columns)
+        text, first, indent = statements.text(call.location), statements.first_line(call.location), 0
+        if first == call.location.line:
+            full = trace.source_line(call.location.filename, first)
+            indent = len(full.encode("utf-8")) - len(full.lstrip().encode("utf-8"))
+        key = (text, first, indent, call.span)
         if key not in parsed:
-            parsed[key] = _call_target(full, call.columns)
+            parsed[key] = _call_target(text, first, indent, call.span)
         target = parsed[key]
         if isinstance(target, tuple):
             if len(target) == len(call.outputs):
                 for tid, name in zip(call.outputs, target):
                     if tid is not None and name:
-                        give(tid, name, full)
+                        give(tid, name, text)
         elif target and len(call.outputs) == 1 and call.outputs[0] is not None:
-            give(call.outputs[0], target, full)
+            give(call.outputs[0], target, text)
     return names
 
 
 _MAKES_PARAMETER = re.compile(r"\bParameter\s*\(")
 
 
-def _call_target(line: str, columns) -> Optional[object]:
-    """The name (or tuple of names) a line assigns the result of the call at `columns` to, when the
-    call is the whole value: `fake = G(z)`, `out, self.hidden = self.rnn(x, self.hidden)`. Else None."""
-    code = _without_comment(line)
-    text = code.strip()
-    indent = len(code.encode("utf-8")) - len(code.lstrip().encode("utf-8"))
+def _made_in_statement(ops, units, at: int, tid: int):
+    """The op of the statement execution that ends with op `at` which returned tensor `tid`, or None."""
+    unit = units[at]
+    for i in range(at - 1, -1, -1):
+        if units[i] is None:
+            continue
+        if units[i] == unit:
+            if tid in ops[i].outputs:
+                return ops[i]
+        elif units[i][:3] == unit[:3]:
+            return None  # the function was at another statement before: this execution began after it
+    return None
+
+
+class _Statements:
+    """The statements of the user's source that ops ran at. A statement written over several lines
+    (a call wrapped by a formatter) runs its ops at any of its lines; only the whole of it says
+    what it assigns. A line that is not part of such a statement stands for itself."""
+
+    def __init__(self, trace):
+        self.trace = trace
+        self.files: Dict[str, "_SourceFacts"] = {}
+
+    def facts(self, filename: str) -> "_SourceFacts":
+        found = self.files.get(filename)
+        if found is None:
+            lines = self.trace.sources.get(filename) or []
+            found = self.files[filename] = _source_facts("".join(lines)) if lines else _NO_FACTS
+        return found
+
+    def first_line(self, where: Location) -> int:
+        span = self.facts(where.filename).spans.get(where.line)
+        return where.line if span is None else span[0]
+
+    def text(self, where: Location) -> str:
+        span = self.facts(where.filename).spans.get(where.line)
+        if span is None:
+            return where.source
+        lines = self.trace.sources[where.filename][span[0] - 1:span[1]]
+        return "".join(lines).strip()
+
+
+class _SourceFacts:
+    """What naming needs from a whole source file: `spans`, line -> (first, last) line of the simple
+    statement written over several lines that holds it; `classes`, the names the file binds to classes
+    (its `class` statements, capitalised names it imports); `modules`, the names it binds to modules."""
+
+    __slots__ = ("spans", "classes", "modules")
+
+    def __init__(self, spans, classes, modules):
+        self.spans, self.classes, self.modules = spans, classes, modules
+
+    def is_class(self, callee: str) -> bool:
+        """Whether a capitalised callee (`Slot`, `Categorical`, `torch.distributions.Normal`) is a class
+        the file defines or imports, or reaches through a module; not a variable (`G(z)`, `self.D(x)`)."""
+        root, _, rest = callee.partition(".")
+        return callee in self.classes if not rest else root in self.modules
+
+
+_NO_FACTS = _SourceFacts({}, frozenset(), frozenset())
+_COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.AsyncFor, ast.While,
+             ast.With, ast.AsyncWith, ast.Try, getattr(ast, "TryStar", ast.Try), getattr(ast, "Match", ast.If))
+
+
+@functools.lru_cache(maxsize=64)  # a training loop builds a trace per step from the same files
+def _source_facts(source: str) -> _SourceFacts:
+    """The _SourceFacts of a file; none when it does not parse (a notebook cell with magics)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return _NO_FACTS
+    spans: Dict[int, Tuple[int, int]] = {}
+    classes, modules = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and not isinstance(node, _COMPOUND) and node.end_lineno > node.lineno:
+            for line in range(node.lineno, node.end_lineno + 1):
+                spans[line] = (node.lineno, node.end_lineno)
+        if isinstance(node, ast.ClassDef):
+            classes.add(node.name)
+        elif isinstance(node, ast.Import):
+            modules.update((a.asname or a.name).partition(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                bound = a.asname or a.name
+                (classes if a.name[:1].isupper() else modules).add(bound)
+    return _SourceFacts(spans, frozenset(classes), frozenset(modules))
+
+
+def _call_target(text: str, first_line: int, indent: int, span) -> Optional[object]:
+    """The name (or tuple of names) a statement assigns the result of the call at `span` to (lines
+    and UTF-8 columns in the file; the statement starts at `first_line`, indented by `indent`), when
+    the call is the whole value: `fake = G(z)`, `out, self.hidden = self.rnn(x, self.hidden)`. Else None."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
@@ -763,7 +920,9 @@ def _call_target(line: str, columns) -> Optional[object]:
     value = stmt.value
     if len(targets) != 1 or not isinstance(value, ast.Call):
         return None
-    if (value.col_offset + indent, value.end_col_offset + indent) != tuple(columns) or value.end_lineno != 1:
+    at = (value.lineno + first_line - 1, value.col_offset + (indent if value.lineno == 1 else 0),
+          value.end_lineno + first_line - 1, value.end_col_offset + (indent if value.end_lineno == 1 else 0))
+    if at != tuple(span):
         return None
     return _dotted(targets[0]) or _dotted_tuple(targets[0])
 
@@ -776,42 +935,164 @@ class _LoopTarget(str):
         return str(self)
 
 
+def _written_tensor(op, text: str, parsed, made_in_statement) -> Optional[Tuple[int, str]]:
+    """(tid, the user's expression for it) of the tensor a statement writes in place (or tried to:
+    PyTorch refuses a write into a leaf that requires grad), or whose memory it swaps, when the
+    statement writes through one expression and this op is that write: `x.add_(1)`, `x[i] = v`,
+    `x += v`, `torch.arange(n, out=x)`, `F.relu(x, inplace=True)`, `nn.init.zeros_(x)`,
+    `x.data = v`, `setattr(x, "data", v)`. `made_in_statement(tid)` is the op of the statement that
+    returned a tensor, if one did: it tells an index into a tensor (`model.emb.weight[0].fill_(0)`
+    writes a view of `model.emb.weight`) from an element of a list or dict (`bufs[0].add_(1)`)."""
+    if not (op.writes or op.out or (op.error is not None and _REFUSED_WRITE.search(op.error))):
+        return None
+    key = ("written", text)
+    if key not in parsed:
+        parsed[key] = _write_expression(text)
+    found = parsed[key]
+    if found is None:
+        return None
+    expression, spelling, callee = found
+    if spelling == "out":
+        tid = op.out[0] if op.out else (op.writes[0] if len(op.writes) == 1 else None)
+        if tid is None or op.name.rpartition(".")[2] != callee:
+            return None
+    elif spelling == "swap":
+        if op.name != DATA_SWAP or not op.inputs:
+            return None
+        tid = op.inputs[0]
+    else:
+        if not op.inputs or not _same_op(callee, op.name):
+            return None
+        tid = op.inputs[0]
+    while isinstance(expression, ast.Subscript):
+        made = made_in_statement(tid)
+        if made is None or made.name != "Tensor.__getitem__" or not made.inputs:
+            break  # an element of a container: the whole expression is the user's name for it
+        expression, tid = expression.value, made.inputs[0]
+    name = _dotted(expression) or _element(expression, text)
+    return (tid, name) if name else None
+
+
+def _element(node, text: str) -> Optional[str]:
+    """`bufs[0]`, `state["u"]`, `self.slots[k].h` as written: a name or attribute chain with constant or
+    plain-name subscripts. Else None."""
+    inner = node
+    while isinstance(inner, (ast.Attribute, ast.Subscript)):
+        if isinstance(inner, ast.Subscript) and not isinstance(inner.slice, (ast.Constant, ast.Name)):
+            return None
+        inner = inner.value
+    if not isinstance(inner, ast.Name):
+        return None
+    return ast.get_source_segment(text, node)
+
+
+# PyTorch's refusals of a write into a leaf: "... is being used in an in-place operation", "functions
+# with out=... arguments don't support automatic differentiation".
+_REFUSED_WRITE = re.compile(r"in-place operation|out=\.\.\. arguments")
+_MODULE_ROOTS = ("torch", "nn", "F", "init", "np")
+
+
+def _write_expression(text: str):
+    """(the expression written, how the write is spelled, the name of its call) of a statement that
+    writes in place through exactly one expression, else None."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1:
+        return None
+    stmt = tree.body[0]
+    found = []
+    if isinstance(stmt, ast.AugAssign):
+        found.append((stmt.target, "augmented", "__i%s__" % _BINOPS.get(type(stmt.op), "?")))
+    elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+        target = stmt.targets[0]
+        if isinstance(target, ast.Subscript):
+            found.append((target.value, "setitem", "__setitem__"))
+        elif isinstance(target, ast.Attribute) and target.attr == "data":
+            found.append((target.value, "swap", "data"))
+    for node in ast.walk(stmt):
+        if not isinstance(node, ast.Call):
+            continue
+        for keyword in node.keywords:
+            if keyword.arg == "out":
+                found.append((keyword.value, "out", _callee_name(node.func)))
+            elif (keyword.arg == "inplace" and isinstance(keyword.value, ast.Constant)
+                  and keyword.value.value is True and node.args):
+                found.append((node.args[0], "inplace", _callee_name(node.func)))
+        func = node.func
+        if (isinstance(func, ast.Name) and func.id == "setattr" and len(node.args) == 3
+                and isinstance(node.args[1], ast.Constant) and node.args[1].value == "data"):
+            found.append((node.args[0], "swap", "data"))
+        elif isinstance(func, ast.Attribute) and func.attr.endswith("_") and not func.attr.startswith("_"):
+            receiver = _dotted(func.value)
+            if receiver is not None and receiver.partition(".")[0] in _MODULE_ROOTS:
+                if node.args:  # `nn.init.zeros_(x)`, `torch.relu_(x)`: the first argument is written
+                    found.append((node.args[0], "inplace", func.attr))
+            else:
+                found.append((func.value, "method", func.attr))
+    if len(found) != 1 or not found[0][2]:
+        return None
+    return found[0]
+
+
+def _callee_name(func) -> Optional[str]:
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+
+
 def _read_statement(text: str):
-    """(assigned name or None, name of its one operation or None, operand names or None)."""
+    """(assigned name or None, name of its one operation or None, operand names or None, the element
+    of a list or dict it stores into or None, the callee of its value when that may be a class or None)."""
     if text.startswith("for ") and text.endswith(":"):
         try:
             loop = ast.parse(text + " pass").body[0]
         except SyntaxError:
-            return None, None, None
+            return None, None, None, None, None
         name = _dotted(loop.target) if isinstance(loop, ast.For) else None
-        return (_LoopTarget(name) if name else None), None, None
+        return (_LoopTarget(name) if name else None), None, None, None, None
     try:
         tree = ast.parse(text)
     except SyntaxError:
-        return None, None, None
+        return None, None, None, None, None
     if len(tree.body) != 1:
-        return None, None, None
+        return None, None, None, None, None
     stmt = tree.body[0]
-    target, value = None, None
+    target, value, element = None, None, None
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
         # A name or an attribute (`self.hidden = ...`: what the user's code calls it there).
         target = _dotted(stmt.targets[0]) or _dotted_tuple(stmt.targets[0])
         value = stmt.value
-        if isinstance(stmt.targets[0], ast.Subscript):  # t[i] = v: Tensor.__setitem__(t, i, v)
-            return None, "__setitem__", _operands([stmt.targets[0].value, stmt.value])
-        if isinstance(target, str) and isinstance(value, _CONTAINERS):
-            target = None  # `losses = {"mse": F.mse_loss(...)}`: the name is the dict's, not the tensor's
+        if isinstance(stmt.targets[0], ast.Subscript):  # t[i] = v: Tensor.__setitem__(t, i, v); or a dict's item
+            element = None if isinstance(value, _NOT_ONE_VALUE) else _element(stmt.targets[0], text)
+            return None, "__setitem__", _operands([stmt.targets[0].value, stmt.value]), element, _constructor(value)
     elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) and _dotted(stmt.target):
         target = _dotted(stmt.target)
         value = stmt.value
         if isinstance(stmt, ast.AugAssign):
-            return target, "__i%s__" % _BINOPS.get(type(stmt.op), "?"), _operands([stmt.target, stmt.value])
+            return target, "__i%s__" % _BINOPS.get(type(stmt.op), "?"), _operands([stmt.target, stmt.value]), None, None
     elif isinstance(stmt, ast.Expr):
         value = stmt.value
-    return (target,) + _operands_of(value)
+    if isinstance(value, _NOT_ONE_VALUE) and not isinstance(target, tuple):
+        target = None  # `scales = [torch.ones(3)]`: the list is `scales`, the tensor in it is not
+    return (target,) + _operands_of(value) + (None, _constructor(value))
 
 
-_CONTAINERS = (ast.Dict, ast.List, ast.Tuple, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp, ast.GeneratorExp)
+# Values that are never the result of their statement's last op: containers built on the line.
+_NOT_ONE_VALUE = (ast.List, ast.Tuple, ast.Set, ast.Dict, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _constructor(value) -> Optional[str]:
+    """The callee of a value that may construct an object, by its capitalised name (`Slot`,
+    `torch.distributions.Categorical`), except the classes that make tensors; else None."""
+    if not isinstance(value, ast.Call):
+        return None
+    callee = _dotted(value.func)
+    last = callee.rpartition(".")[2] if callee else ""
+    if not last[:1].isupper() or last.endswith(("Tensor", "Parameter", "Variable", "Buffer")):
+        return None
+    return callee
+
+
 _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.MatMult: "matmul",
            ast.Pow: "pow", ast.FloorDiv: "floordiv", ast.Mod: "mod"}
 

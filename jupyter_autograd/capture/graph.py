@@ -206,8 +206,11 @@ def _slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check=T
             if t_id is None:
                 t_id = by_pointer(data)
         current = data._version
-        saved_version = versions[1] if stale and versions else current
-        out.append((key, slot, t_id, shape_of(data), data.dtype, saved_version, current, bool(stale), False,
+        # A list (a custom Function's saved_tensors) is checked as a whole, and PyTorch's error gives the
+        # version of the one stale tensor it met: the others of the list are not stale for it.
+        item_stale = bool(stale) and (len(items) == 1 or versions is None or current == versions[0])
+        saved_version = versions[1] if item_stale and versions else current
+        out.append((key, slot, t_id, shape_of(data), data.dtype, saved_version, current, item_stale, False,
                     byte_range(data) if check else None, is_output, False))
     return out
 

@@ -51,6 +51,8 @@ _Parameter = torch.nn.Parameter
 _DATA_GETTER = torch.Tensor.data.__get__
 _GETTER_TYPE = type(_DATA_GETTER)
 _REQUIRES_GRAD_SETTER = torch.Tensor.requires_grad.__set__  # `p.requires_grad = False` freezes: an op
+# `t.data = new` swaps the memory behind `t` without a version bump: recorded as a write of `t` (_swap_data).
+_DATA_SETTER = torch.Tensor.data.__set__
 _BACKWARD_FUNCS = {torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad}
 # Ops whose records folding never drops (`.data`, backward calls): the first function ids.
 _KEPT_FUNCS = (_DATA_GETTER, torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
@@ -72,15 +74,18 @@ _pop_stack = torch._C._pop_torch_function_stack
 _push_stack = torch._C._push_on_torch_function_stack
 _PROFILER_ENTER = torch.ops.profiler._record_function_enter_new
 _PROFILER_EXIT = torch.ops.profiler._record_function_exit._RecordFunction
-# Run without a record of their own: backward calls (recorded by _backward_call) and the profiler
-# scopes that torch opens around optimizer steps and module calls (they touch no tensor).
-_NOT_RECORDED = frozenset(_BACKWARD_FUNCS | {_PROFILER_ENTER, _PROFILER_EXIT})
+# Not recorded by the hot path: backward calls and `.data =` (each recorded by a method of its own:
+# _backward_call, _swap_data) and the profiler scopes that torch opens around optimizer steps and
+# module calls (they touch no tensor).
+_NOT_RECORDED = frozenset(_BACKWARD_FUNCS | {_DATA_SETTER, _PROFILER_ENTER, _PROFILER_EXIT})
 _SCALARS = frozenset({int, float, bool, complex, type(None), str, torch.dtype, torch.device, torch.Size})
 
 # An op record is a flat tuple (cheap to build, invisible to the cyclic GC's hot lists):
 # (function id (Recorder.funcs), code, lineno, input tids, versions before, versions after, output tids,
 #  (first, end) sequence numbers of the grad_fn nodes it made or None, written byte ranges or None,
 #  grad enabled, error or None)
+# An error is (type name, message), with the tids given as `out=` after them when there were some.
+# A write is (tid, byte range): its version counter moved, or (`t.data = new`) its memory was swapped.
 # A version is None for an inference tensor, which has no version counter.
 OP_FUNC, OP_CODE, OP_LINE, OP_IN, OP_VB, OP_VA, OP_OUT, OP_SEQ, OP_WR, OP_GRAD, OP_ERR = range(11)
 
@@ -211,13 +216,22 @@ def _call_columns(frame):
 def call_columns(code, line, lasti):
     """_call_columns for a frame's (code, line, last instruction), read later (build.py): the
     positions are a walk over the code's instructions, too slow for every module call."""
+    span = call_span(code, lasti)
+    if span is None or span[0] != line or span[2] != line:
+        return None
+    return (span[1], span[3])
+
+
+def call_span(code, lasti):
+    """(first line, first column, end line, end column) of the call a frame is making (UTF-8
+    columns), where Python knows them (3.11+): a call may be written over several lines."""
     try:
         first_line, end_line, first, end = next(itertools.islice(code.co_positions(), lasti // 2, None))
     except (AttributeError, StopIteration, ValueError, TypeError):
         return None
-    if first_line != line or end_line != line or first is None or end is None:
+    if first_line is None or end_line is None or first is None or end is None:
         return None
-    return (first, end)
+    return (first_line, first, end_line, end)
 
 
 _record_function = torch.autograd.profiler.record_function
@@ -241,6 +255,47 @@ def _leaving_profiler_scope(self, exc_type, exc_value, traceback):
     finally:  # the scope is closed whatever happened above (an interrupt included)
         result = _original_scope_exit(self, exc_type, exc_value, traceback)
     return result
+
+
+_inference_mode = torch.autograd.grad_mode.inference_mode
+_original_inference_enter = _inference_mode.__dict__["__enter__"]
+_original_inference_exit = _inference_mode.__dict__["__exit__"]
+
+
+def _inference_mode_switch():
+    """Stands for entering or leaving torch.inference_mode in an op record (no torch function runs)."""
+
+
+_inference_mode_switch.__module__, _inference_mode_switch.__qualname__ = "torch", "inference_mode"
+
+
+def _entering_inference_mode(self):
+    """inference_mode.__enter__ while we capture: a grad-mode switch like torch.set_grad_enabled, which
+    (unlike it) calls no torch function, so it is recorded here. A `with` block, a decorated function,
+    or a generator suspended inside the block: the switch is where graph recording stopped."""
+    __tracebackhide__ = True  # noqa: F841
+    result = _original_inference_enter(self)
+    _note_switch()
+    return result
+
+
+def _leaving_inference_mode(self, exc_type, exc_value, traceback):
+    __tracebackhide__ = True  # noqa: F841
+    try:
+        return _original_inference_exit(self, exc_type, exc_value, traceback)
+    finally:
+        _note_switch()
+
+
+def _note_switch():
+    if _is_compiling():  # see _enter_module
+        return
+    recorder = getattr(_state, "recorder", None)
+    if recorder is not None and recorder.off is None:
+        try:
+            recorder.record_switch(_inference_mode_switch)
+        except Exception as exc:  # never let the tool break the user's block
+            recorder._fail(exc)
 
 
 def _resume(recorder):
@@ -354,10 +409,10 @@ def _has_any_global_hook_but_ours():
 
 
 def install_hooks():
-    """Hooks for the whole capture: custom Function.apply, a step's profiler scope, the nn.Module
-    call stack (so that large graphs can be grouped by module) and optimizer steps, and debuggers'
-    stop_here (debuggers.py). Forward hooks change no result; always-call keeps the stack right
-    when a forward raises.
+    """Hooks for the whole capture: custom Function.apply, a step's profiler scope, inference mode's
+    switches, the nn.Module call stack (so that large graphs can be grouped by module), optimizer
+    steps, and debuggers' stop_here (debuggers.py). Forward hooks change no result; always-call keeps
+    the stack right when a forward raises.
 
     All or nothing: if one cannot be installed, those already installed are removed and the
     error is raised. Callers hold interrupts (see capture) while this runs."""
@@ -365,6 +420,7 @@ def install_hooks():
         try:
             _Function.apply = classmethod(_recording_apply)
             _record_function.__exit__ = _leaving_profiler_scope
+            _inference_mode.__enter__, _inference_mode.__exit__ = _entering_inference_mode, _leaving_inference_mode
             _nn_module._has_any_global_hook = _has_any_global_hook_but_ours
             _overrides.has_torch_function = _has_torch_function_but_ours
             distributed.install()  # notes the line that builds a DistributedDataParallel
@@ -400,6 +456,10 @@ def _remove_all_hooks():
         failure = failure or exc
     try:
         distributed.remove()
+    except BaseException as exc:
+        failure = failure or exc
+    try:
+        _inference_mode.__enter__, _inference_mode.__exit__ = _original_inference_enter, _original_inference_exit
     except BaseException as exc:
         failure = failure or exc
     try:
@@ -619,8 +679,8 @@ class Recorder(TorchFunctionMode):
         if relocate:
             _real_filters, _real_show = w.filters, w._showwarnmsg
         # A property read is not an op; inside an optimizer step, the step is the op (end_step).
-        passthrough = ((type(func) is _GETTER_TYPE and func != _DATA_GETTER and func != _REQUIRES_GRAD_SETTER)
-                       or self.off is _STEPPING)
+        passthrough = ((type(func) is _GETTER_TYPE and func != _DATA_GETTER and func != _REQUIRES_GRAD_SETTER
+                        and func != _DATA_SETTER) or self.off is _STEPPING)
         if passthrough or func in _NOT_RECORDED or _is_compiling() or _tracing_state() is not None:
             if relocate:
                 w.filters, w._showwarnmsg = _SHOW_ALL, _show_at_user_line
@@ -633,6 +693,8 @@ class Recorder(TorchFunctionMode):
                     if frees:  # and it ran: its graph's buffers are gone
                         self.freeing_backwards.add(index)
                     return result
+                if not passthrough and func == _DATA_SETTER and not _is_compiling() and _tracing_state() is None:
+                    return self._swap_data(func, args)
                 return func(*args, **kwargs) if kwargs else func(*args)
             except BaseException as exc:
                 _drop_leading_own_frames(exc)
@@ -678,6 +740,8 @@ class Recorder(TorchFunctionMode):
                         self._record(func, tensors, before, None, exc, seq)
                 else:
                     self._record(func, tensors, before, None, exc, seq)
+                if kwargs and kwargs.get("out") is not None:
+                    self._note_out_arguments(kwargs["out"])
             except RecursionError:
                 self.too_deep += 1
             except Exception as inner:
@@ -749,6 +813,56 @@ class Recorder(TorchFunctionMode):
         if index >= self.fold_at:
             self._fold(index - _FOLD_EVERY)
 
+    def record_switch(self, func):
+        """A grad-mode switch that calls no torch function (entering or leaving inference mode): an op
+        with no tensors, at the user's line, with the mode it left."""
+        with _hidden_from_subclasses():
+            self._record(func, [], (), None, None, _next_seq())
+
+    def _note_out_arguments(self, out):
+        """A call given `out=` raised (with grad on, PyTorch refuses it when an argument requires
+        grad): its error keeps the tids of the tensors it was to write, which a failed call did not."""
+        with _hidden_from_subclasses():
+            tids = tuple(self._tid(t) for t in (out if isinstance(out, _SEQUENCES) else (out,))
+                         if isinstance(t, _Tensor))
+        rec = self.ops[-1]
+        if tids and rec[OP_ERR] is not None:
+            self.ops[-1] = rec[:OP_ERR] + (rec[OP_ERR] + (tids,),)
+
+    def _swap_data(self, func, args):
+        """`t.data = new`: the memory behind the tensor object `t` is replaced and its version counter
+        does not move, so PyTorch cannot tell that a graph which saved `t` itself will read other
+        values. Recorded as a write of `t` with the bytes it now spans."""
+        __tracebackhide__ = True  # noqa: F841
+        try:
+            tensors = _tensors_in(args, None)
+            with _hidden_from_subclasses():
+                before = _versions(tensors)
+            seq = _next_seq()
+        except Exception as exc:  # never let the tool break the user's call
+            self._fail(exc)
+            return func(*args)
+        try:
+            result = func(*args)
+        except BaseException as exc:
+            try:
+                with _hidden_from_subclasses():
+                    self._record(func, tensors, before, None, exc, seq)
+            except Exception as inner:
+                self._fail(inner)
+            raise
+        try:
+            with _hidden_from_subclasses():
+                self._record(func, tensors, before, result, None, seq)
+                rec = self.ops[-1]
+                if rec[OP_FUNC] == self.func_ids.get(func) and tensors:
+                    swapped = ((self._tid(tensors[0]), byte_range(tensors[0])),)
+                    self.ops[-1] = rec[:OP_WR] + (swapped,) + rec[OP_WR + 1:]
+                    self.last_write = len(self.ops) - 1
+        except Exception as exc:
+            self._fail(exc)
+        return result
+
     def _user_line(self, frame):
         """(code, line) of the innermost frame of the user's own code from `frame` outwards; else of
         the innermost library frame (a library's own entry point); else (None, 0)."""
@@ -773,7 +887,10 @@ class Recorder(TorchFunctionMode):
         """internal_code's entry for a frame's code, met for the first time; the globals of user
         code are kept for naming (see build._namespace_names)."""
         code = frame.f_code
-        entry = self.internal_code[id(code)] = (code, _frame_kind(code.co_filename))
+        kind = _frame_kind(code.co_filename)
+        if kind == _USER and _made_by_torch_compile(code):
+            kind = _INTERNAL
+        entry = self.internal_code[id(code)] = (code, kind)
         if not entry[1]:
             self.user_globals.setdefault(id(frame.f_globals), frame.f_globals)
         return entry
@@ -1384,6 +1501,21 @@ def _frame_kind(filename: str) -> int:
     if filename.startswith((_TORCH_DIR, _OWN_DIR)):
         return _INTERNAL
     return _LIBRARY if filename.startswith(_LIBRARY_DIRS) else _USER
+
+
+def _made_by_torch_compile(code) -> bool:
+    """Code that torch.compile wrote while the program ran, though it looks like the user's: Dynamo's
+    rewrite of a compiled function (its frame stays on the function's first line whatever it runs),
+    the forward that FX generates, the module that Inductor writes. What runs there belongs to the
+    user's line that called the compiled function."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is not None and code in dynamo.orig_code_map:
+        return True
+    filename = code.co_filename
+    if filename.startswith("<eval_with_key>"):
+        return True
+    generated = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # set by Inductor before it writes a module
+    return bool(generated) and filename.startswith(os.path.join(generated, ""))
 
 
 def frame_names(frame):

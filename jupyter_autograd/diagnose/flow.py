@@ -12,9 +12,9 @@ import re
 from typing import Dict, List, Optional, Set
 
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, where
-from ..model import FREEZE_SETTER, Checkpoint, Diagnosis, OpRecord, Trace
-from .paths import (FunctionCalls, ancestors, at_caller, at_maker, engine_order, exit_before, first_use, is_cut,
-                    leading_to, node_at, stops_after)
+from ..model import FREEZE_SETTER, GRAD_MODE_SWITCHES, Checkpoint, Diagnosis, OpRecord, Trace
+from .paths import (FunctionCalls, ancestors, at_caller, at_maker, descendants, engine_order, exit_before, first_use,
+                    is_cut, leading_to, node_at, stops_after, switch_left_on)
 
 _NO_GRAD_FN = "does not require grad and does not have a grad_fn"
 _GRAPH_FREED_ERROR = "backward through the graph a second time"
@@ -240,7 +240,12 @@ def graph_cut(trace: Trace) -> List[Diagnosis]:
         cut, why = _find_cut(trace, root, cp.op_index)
         name = info.name or trace.tensor_label(root)
         hidden = not raised
-        if cut is not None:
+        switch = switch_left_on(trace, cut) if cut is not None and "frozen" not in why else None
+        if switch is not None:  # the cut is where grad was switched off, not where that was met
+            why = _why_switched_off(switch, cut)
+            cut = switch
+            what = "%s cut `%s` off the graph: %s" % (where(cut), name, why)
+        elif cut is not None:
             what = "%s cut `%s` off the graph: %s" % (where(cut), name, why)
         else:
             cut = backward
@@ -301,6 +306,19 @@ def _find_cut(trace: Trace, root: int, before: int):
     return None, "from data alone"
 
 
+def _why_switched_off(switch: OpRecord, met: OpRecord) -> str:
+    """Why a grad-mode switch (see paths.switch_left_on) cut the graph where `met` ran."""
+    ran = line_ref(met) + (" (`%s`)" % met.location.source if met.location and met.location.source else "")
+    if switch.location.source.startswith(("with ", "async with ")):
+        how = ("its block switched gradient recording off, and the mode stays off until the block ends: %s ran "
+               "before that (in a function called from inside the block, or while a generator was suspended at "
+               "a `yield` inside it)" % ran)
+    else:
+        how = ("it switched gradient recording off for everything that runs after it, and nothing switched it "
+               "back on before %s ran" % ran)
+    return "%s; `%s` there recorded no graph" % (how, met.name)
+
+
 def _why_cut(op: OpRecord) -> str:
     short = op.name.rpartition(".")[2]
     if not op.grad_enabled:
@@ -322,6 +340,15 @@ def _cut_fix(trace: Trace, op: Optional[OpRecord], why: str) -> str:
     if "frozen" in why:
         return ("%s unfreeze the parameters you want to train (`requires_grad_(True)` on each), or compute the "
                 "loss from a model that has trainable parameters." % NO_ONE_LINE_FIX)
+    if op is not None and op.name in GRAD_MODE_SWITCHES:
+        if src.startswith(("with ", "async with ")):
+            return ("%s end this block before anything that needs a graph runs: compute only what must not be "
+                    "recorded inside it, and leave the loss outside (a generator yields after the block, "
+                    "not inside it)." % NO_ONE_LINE_FIX)
+        return ("%s switch gradient recording off only where it is meant to be off: `with torch.no_grad():` "
+                "around the evaluation code puts the mode back when the block ends, on every path (an exception "
+                "or an early `return` included), where `torch.set_grad_enabled(False)` stays until something "
+                "switches it back." % NO_ONE_LINE_FIX)
     if op is not None and not op.grad_enabled:
         return ("%s compute the loss outside `torch.no_grad()` and `torch.inference_mode()`, which record no "
                 "graph (a helper written for evaluation needs a training twin)." % NO_ONE_LINE_FIX)

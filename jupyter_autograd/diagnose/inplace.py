@@ -9,23 +9,35 @@ from __future__ import annotations
 import bisect
 from typing import Dict, List, Optional, Tuple
 
-from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, backward_outcome, code, data_fix, describe_write,
-                     inplace_fix, leaf_fix, line_ref, where)
-from ..model import Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
+from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, backward_outcome, code, data_fix, data_swap_fix,
+                     describe_write, inplace_fix, leaf_fix, line_ref, where)
+from ..model import DATA_SWAP, Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
 from .paths import engine_order, reachable
 
 _LEAF_ERRORS = ("leaf Variable that requires grad is being used in an in-place operation",)
+# A call given `out=` refuses to run when any argument requires grad: a write into a leaf when the out
+# tensor is one (an input that requires grad is another mistake).
+_OUT_ERROR = "functions with out=... arguments don't support automatic differentiation"
 _INPLACE_ERROR = "modified by an inplace operation"
 
 
 # -- leaf-inplace ---------------------------------------------------------------------------------
 
 def _leaf_inplace(trace: Trace) -> List[Diagnosis]:
+    """Every write into a leaf that requires grad, however spelled (an in-place method, `t[i] = v`,
+    `+=`, `copy_`, `inplace=True`, `out=`): PyTorch refuses it, naming neither the tensor nor the line."""
     out = []
     for op in trace.ops:
-        if not op.error or not any(e in op.error for e in _LEAF_ERRORS):
+        if not op.error:
             continue
-        target = _leaf_input(trace, op)
+        if any(e in op.error for e in _LEAF_ERRORS):
+            target = _leaf_input(trace, op)
+        elif _OUT_ERROR in op.error:
+            target = next((leaf for leaf in (_leaf_of(trace, t) for t in op.out) if leaf is not None), None)
+            if target is None:
+                continue
+        else:
+            continue
         name = trace.tensor_label(target) if target is not None else None
         loc = op.location
         view = "a view of a leaf" in op.error
@@ -44,15 +56,24 @@ def _leaf_inplace(trace: Trace) -> List[Diagnosis]:
 
 def _leaf_input(trace: Trace, op: OpRecord) -> Optional[int]:
     for t_id in op.inputs:
-        info = trace.tensors.get(t_id)
-        if info is None:
-            continue
-        if info.is_leaf and info.requires_grad:
-            return t_id
-        base = trace.tensors.get(info.base) if info.base is not None else None
-        if base is not None and base.is_leaf and base.requires_grad:
-            return info.base  # the leaf whose view is written: the one the user must leave alone
+        leaf = _leaf_of(trace, t_id)
+        if leaf is not None:
+            return leaf
     return op.inputs[0] if op.inputs else None
+
+
+def _leaf_of(trace: Trace, t_id: int) -> Optional[int]:
+    """The leaf that requires grad a write into `t_id` writes: the tensor itself, or the leaf whose view
+    it is (the one the user must leave alone); else None."""
+    info = trace.tensors.get(t_id)
+    if info is None:
+        return None
+    if info.is_leaf and (info.requires_grad or info.first_requires_grad):
+        return t_id
+    base = trace.tensors.get(info.base) if info.base is not None else None
+    if base is not None and base.is_leaf and (base.requires_grad or base.first_requires_grad):
+        return info.base
+    return None
 
 
 # -- saved-tensor-modified and silent-data-mutation -----------------------------------------------
@@ -79,14 +100,17 @@ def _saved_tensor_writes(trace: Trace, ranks: Dict[int, tuple]) -> List[Diagnosi
             # PyTorch checks versions per counter, and every view of a tensor shares its base's
             # counter: a write to h[t + 1] makes a saved h[t] stale though their bytes differ.
             root = _root(trace, slot.tid) if slot.stale else None
+            # A slot that holds the tensor object itself (not a copy or a view made inside the op) reads
+            # whatever memory that object has when backward runs: `t.data = new` swaps it.
+            held = slot.tid if not slot.is_output else None
             writes = _WriteIndex.between(trace, write_index, slot.byte_range, -1 if saved_op is None else saved_op,
-                                         cp.op_index, root)
+                                         cp.op_index, root, held)
             if slot.stale:
-                counted = [w for w in writes if not _is_data_alias(trace, w[1])]
+                counted = [w for w in writes if not _is_data_alias(trace, w[1]) and w[0].name != DATA_SWAP]
                 culprit = (counted or writes or [None])[0]
                 kind = "saved-tensor-modified"
             elif writes:
-                through_data = [w for w in writes if _is_data_alias(trace, w[1])]
+                through_data = [w for w in writes if _is_data_alias(trace, w[1]) or w[0].name == DATA_SWAP]
                 culprit = (through_data or writes)[0]
                 kind = "silent-data-mutation"
             else:
@@ -113,7 +137,9 @@ def _merge_same_write(trace: Trace, diagnoses: List[Diagnosis], ranks: Dict[int,
     for group in by_write.values():
         group.sort(key=lambda d: ranks[id(d)])
         first = group[0]
-        others = [d.tensor or trace.tensor_label(d.tids[0] if d.tids else None) for d in group[1:]]
+        # The same tensor object saved again (by the next call of a forward) is not one more tensor.
+        others = [d.tensor or trace.tensor_label(d.tids[0] if d.tids else None) for d in group[1:]
+                  if not (d.tids and first.tids and d.tids[0] == first.tids[0])]
         if others:
             shown = ", ".join("`%s`" % o for o in others[:6]) + (", ..." if len(others) > 6 else "")
             first.message += " The same write also changed %d more saved tensor%s: %s." % (
@@ -134,13 +160,19 @@ class _WriteIndex(list):
 
     @staticmethod
     def between(trace: Trace, index: "_WriteIndex", byte_range, after: int, before: int,
-                root: Optional[int] = None) -> List[Tuple[OpRecord, int]]:
-        """Writes in ops after..before that overlap the bytes, or (with root) share its version counter."""
+                root: Optional[int] = None, held: Optional[int] = None) -> List[Tuple[OpRecord, int]]:
+        """Writes in ops after..before that overlap the bytes, or (with root) share its version counter;
+        a swap of memory (`t.data = new`) only where it swapped the very tensor object a slot holds
+        (`held`): views, copies and other tensors keep the memory they had."""
         lo, hi = byte_range
         hits = []
         start = bisect.bisect_right(index.positions, after)
         stop = bisect.bisect_left(index.positions, before)
         for op in index[start:stop]:
+            if op.name == DATA_SWAP:
+                if held is not None and held in op.writes:
+                    hits.append((op, held))
+                continue
             for t_id, rng in zip(op.writes, op.write_ranges):
                 if (rng is not None and rng[0] < hi and lo < rng[1]) or (
                         root is not None and _root(trace, t_id) == root and not _is_data_alias(trace, t_id)):
@@ -192,7 +224,14 @@ def _saved_diagnosis(trace, kind, cp: Checkpoint, slot: SavedSlot, node, saved_o
             "%s \"one of the variables needed for gradient computation has been modified by an inplace "
             "operation\": the gradient needs the value `%s` had when it was saved."
             % (name, node_name, saved_at, slot.saved_version, what, slot.current_version, after, name))
-        fix = inplace_fix(trace, culprit[0] if culprit else None, name, save)
+        fix = inplace_fix(trace, culprit[0] if culprit else None, name, save, culprit[1] if culprit else None)
+    elif culprit is not None and culprit[0].name == DATA_SWAP:
+        message = (
+            "`%s` was saved for backward by %s, created %s. %s then swapped the memory behind it with `.data =`: "
+            "the tensor object the graph saved now holds other values, and its version counter did not move, "
+            "so PyTorch cannot see the change: backward() raises no error but computes the gradients from the "
+            "new values. The gradients are silently wrong." % (name, node_name, saved_at, where(culprit[0])))
+        fix = data_swap_fix(trace, culprit[0])
     else:
         alias = trace.tensor_label(culprit[1]) if culprit is not None else "an alias"
         message = (

@@ -7,7 +7,7 @@ import bisect
 import heapq
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from ..model import Checkpoint, ModuleCall, OpRecord, Trace
+from ..model import GRAD_MODE_SWITCHES, Checkpoint, ModuleCall, OpRecord, Trace
 
 # Ops that turn a tensor into Python values: the chain to the graph ends there.
 _EXITS = {"item", "tolist", "numpy", "__float__", "__int__", "__index__", "__complex__", "__array__"}
@@ -98,6 +98,43 @@ def is_cut(trace: Trace, op: OpRecord) -> bool:
     if op.outputs:
         return not any(requires_grad(trace, t) for t in op.outputs + op.writes)
     return op.name.rpartition(".")[2] in _EXITS
+
+
+def switch_left_on(trace: Trace, op: OpRecord) -> Optional[OpRecord]:
+    """For an op that ran with grad off: the grad-mode switch that turned it off, when that switch is
+    not a scope around the op; else None. A scope's enter and exit are recorded at one line (a `with`
+    statement; the call of a function decorated with `@torch.no_grad()`, entered and left in
+    torch's wrapper), the exit putting back the mode the enter found. The op ran inside it when that
+    line switched back after the op, and the op is in the same function as the `with`, or the scope
+    is a decorated call that had not returned. Anything else left the mode off behind it:
+    `torch.set_grad_enabled(False)` never switched back (or switched back on another path),
+    `no_grad().__enter__()`, a generator suspended at a `yield` inside `with torch.no_grad():`, a
+    `with` block around the call of the function that made the op."""
+    if op.grad_enabled or op.location is None:
+        return None
+    open_switches: List[Tuple[OpRecord, bool]] = []  # (switch, the mode it found), innermost last
+    mode = True
+    for other in trace.ops[:op.index]:
+        if other.name not in GRAD_MODE_SWITCHES or other.grad_enabled == mode:
+            continue  # `with torch.set_grad_enabled(False)` sets the mode twice: once is the switch
+        if (open_switches and open_switches[-1][0].location == other.location
+                and open_switches[-1][1] == other.grad_enabled):
+            open_switches.pop()  # the exit of a scope
+        else:
+            open_switches.append((other, mode))
+        mode = other.grad_enabled
+    if not open_switches or open_switches[-1][0].grad_enabled:
+        return None  # off since before the block, or in a way we did not see
+    switch, found = open_switches[-1]
+    where, at = switch.location, op.location
+    if where is None:
+        return None
+    closed = any(o.name in GRAD_MODE_SWITCHES and o.location == where and o.grad_enabled == found
+                 for o in trace.ops[op.index + 1:])
+    if closed and (not where.source.startswith(("with ", "async with "))
+                   or (where.filename, where.function, where.scope) == (at.filename, at.function, at.scope)):
+        return None
+    return switch
 
 
 def ancestors(trace: Trace, tids: Iterable[int], before: int) -> Set[int]:

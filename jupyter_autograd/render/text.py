@@ -12,7 +12,7 @@ from ..model import PROBLEM_KINDS, Diagnosis, Trace
 # The words of PyTorch's own error that each kind explains: a note goes on an exception only when
 # the diagnosis is about that very error, never on an unrelated one (a NameError, a shape mismatch).
 EXPLAINS = {
-    "leaf-inplace": ("leaf Variable that requires grad",),
+    "leaf-inplace": ("leaf Variable that requires grad", "out=... arguments don't support automatic differentiation"),
     "saved-tensor-modified": ("modified by an inplace operation",),
     "graph-freed": ("backward through the graph a second time", "saved tensors after they have already been freed"),
     "graph-cut": ("does not require grad and does not have a grad_fn",),
