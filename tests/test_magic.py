@@ -1,5 +1,6 @@
 """%%autograd in a real InteractiveShell."""
 import os
+import re
 import signal
 import threading
 
@@ -82,6 +83,10 @@ def test_help_and_question_mark(shell):
     assert "-o NAME" in cap.stdout and "Run the cell exactly as usual" in cap.stdout
     _, cap = run(shell, "%%autograd?")
     assert "Run the cell exactly as usual" in cap.stdout
+    # A cell magic's usage has two %: the line `%autograd -o NAME` does not exist.
+    for shown in (run(shell, "%%autograd -h\n1")[1].stdout, cap.stdout):
+        assert re.search(r"(?<!%)%autograd\b", shown) is None, shown
+        assert "%%autograd [-o NAME] [-q] [--text] [--nan]" in shown, shown
 
 
 def test_unknown_flag_is_a_usage_error(shell):
