@@ -5,7 +5,6 @@ serialised to JSON, and rendered anywhere.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -14,6 +13,25 @@ FREEZE_SETTER = "Tensor.requires_grad ="
 
 PROBLEM_KINDS = ("leaf-inplace", "saved-tensor-modified", "silent-data-mutation", "accumulated-graph",
                  "graph-freed", "graph-cut", "missing-grad", "nan-gradient")
+
+# What a diagnosis's second line (`Diagnosis.saved_line`) is, per kind: every output labels it
+# with these words, next to "culprit". "saved" would be wrong for most: the backward that freed a
+# graph saved nothing.
+SECOND_LINE_LABELS = {
+    "saved-tensor-modified": "saved",           # the op that saved the tensor the culprit changed
+    "silent-data-mutation": "saved",
+    "graph-freed": "freed by",                  # the backward call that freed the graph
+    "nan-gradient": "in the backward",          # the backward call that made the NaN/Inf
+    "accumulated-graph": "backward",            # the backward that ran the graph kept alive
+    "view-inplace": "views made",               # the op that made the views (chunk, split, no_grad)
+    "inference-tensor-saved": "saved by",       # the op that tried to save the inference tensor
+    "nonleaf-requires-grad": "made",            # the op that made the tensor a non-leaf
+    "nonscalar-backward": "backward",
+    "not-differentiable": "backward",
+    "invalid-gradient": "backward",
+    "ddp-ready-twice": "backward",
+    "backward-error": "backward",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +170,11 @@ class Diagnosis:
     also: Tuple[str, ...] = ()           # other tensors the same write broke
 
     @property
+    def saved_label(self) -> str:
+        """What the second line is ("saved", "freed by", ...): see SECOND_LINE_LABELS."""
+        return SECOND_LINE_LABELS.get(self.kind, "see also")
+
+    @property
     def title(self) -> str:
         what = {"leaf-inplace": "In-place change of a leaf that requires grad",
                 "saved-tensor-modified": "A tensor saved for backward was modified in place",
@@ -231,13 +254,24 @@ class Trace:
         return ""
 
     def file_label(self, filename: Optional[str]) -> str:
-        """`In [2]` for a notebook cell, `train.py` for a file, `<string>` for code with no file."""
+        """`In [2]` for a notebook cell, `train.py` for a file, `<string>` for code with no file.
+        Where another file of the trace has the same base name, as much of the path as tells
+        them apart (`a/model.py`, `b/model.py`)."""
         if not filename:
             return ""
         named = self.source_names.get(filename)
         if named:
             return named
-        return filename if filename.startswith("<") else os.path.basename(filename)
+        if filename.startswith("<"):
+            return filename
+        parts = filename.replace("\\", "/").split("/")
+        others = [f.replace("\\", "/").split("/") for f in self.sources
+                  if f != filename and not f.startswith("<") and f not in self.source_names]
+        others = [o for o in others if o[-1] == parts[-1]]
+        depth = 1
+        while depth < len(parts) and any(o[-depth:] == parts[-depth:] for o in others):
+            depth += 1
+        return "/".join(p for p in parts[-depth:])
 
     def place(self, filename: Optional[str], line: Optional[int]) -> str:
         """Where a line is, as a person finds it: `In [2], line 16`, `train.py, line 41`."""

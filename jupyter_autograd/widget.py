@@ -77,7 +77,7 @@ class AutogradWidget(anywidget.AnyWidget):
         self.render_ms = (time.perf_counter() - start) * 1000
         self.summary = graph_summary(trace)
         self.error = trace.error or ""
-        self.diagnoses = [_diagnosis_dict(d) for d in trace.diagnoses]
+        self.diagnoses = [_diagnosis_dict(trace, d) for d in trace.diagnoses]
         self.source_name = filename or layout.main_file(trace)
         self.source = [{"line": i, "text": text.rstrip("\n")}
                        for i, text in enumerate(trace.sources.get(self.source_name, []), 1)]
@@ -314,10 +314,15 @@ def _group_title(trace: Trace, name: str) -> str:
 
 
 
-def _diagnosis_dict(d) -> Dict:
+def _diagnosis_dict(trace: Trace, d) -> Dict:
+    """What a diagnosis's card shows. `line`/`saved_line` number the lines to mark in the source
+    pane; `place`/`saved_place` say where they are (`In [2], line 16`, `model.py, line 41`) and
+    `saved_label` what the second line is ("saved", "freed by", ...)."""
     return {"kind": d.kind, "title": d.title, "message": d.message, "fix": d.fix, "line": d.line or 0,
             "saved_line": d.saved_line or 0, "source": d.source, "saved_source": d.saved_source,
-            "tensor": d.tensor or "", "node": d.node or ""}
+            "place": trace.place(d.filename, d.line) if d.line else "",
+            "saved_place": trace.place(d.saved_filename or d.filename, d.saved_line) if d.saved_line else "",
+            "saved_label": d.saved_label, "tensor": d.tensor or "", "node": d.node or ""}
 
 
 # -- static pictures, for wherever the widget cannot live ------------------------------------------
@@ -359,10 +364,12 @@ def static_html(trace: Trace, scene: Optional[layout.Scene] = None) -> str:
     for d in trace.diagnoses:
         parts.append('<div style="border-left: 4px solid #e03131; padding: 4px 8px; margin: 6px 0">'
                      '<div style="font-weight: 700">%s</div>' % esc(d.title))
+        card = _diagnosis_dict(trace, d)
         if d.line:
-            parts.append('<div>line %d: <code>%s</code></div>' % (d.line, esc(d.source)))
+            parts.append('<div>%s: <code>%s</code></div>' % (esc(card["place"]), esc(d.source)))
         if d.saved_line:
-            parts.append('<div>saved on line %d: <code>%s</code></div>' % (d.saved_line, esc(d.saved_source)))
+            parts.append('<div>%s: %s: <code>%s</code></div>' % (esc(card["saved_label"]), esc(card["saved_place"]),
+                                                                 esc(d.saved_source)))
         parts.append('<div>%s</div><div><b>Fix:</b><pre style="margin: 2px 0; white-space: pre-wrap">%s</pre></div>'
                      '</div>' % (esc(d.message), esc(d.fix)))
     parts.append('<div style="white-space: pre-line; color: var(--jp-ui-font-color2, #495057)">%s</div>'

@@ -57,6 +57,8 @@ def test_pytorch_error_is_the_same_as_without_the_magic(shell):
     # Line numbers are the notebook cell's: the magic is line 1, `y += 1` is line 5.
     assert (d.kind, d.tensor, d.line, d.saved_line, d.source) == ("saved-tensor-modified", "y", 5, 4, "y += 1")
     assert "y = y + 1" in cap.stdout and "saved at 0, now 1" in cap.stdout
+    # Each line with the cell Jupyter shows it in.
+    assert re.search(r"culprit: In \[\d+\], line 5: y \+= 1\n", cap.stdout), cap.stdout
 
 
 def test_output_flag_stores_the_trace(shell):

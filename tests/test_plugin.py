@@ -108,8 +108,9 @@ def test_with_the_flag_the_silent_corruption_fails_with_the_report(tmp_path):
     assert proc.returncode == 1
     failure = proc.stdout.split("test_sigmoid_gradient_is_computed ___", 1)[1].split("\n___", 1)[0]
     assert "the test's code breaks autograd" in failure
-    assert "[silent-data-mutation]" in failure and "culprit: line 16: out.data.zero_()" in failure
-    assert "saved:   line 15: out = a.sigmoid()" in failure
+    # Each line with its file, as pytest names the test's own (test_model.py:16).
+    assert "[silent-data-mutation]" in failure and "culprit: test_model.py, line 16: out.data.zero_()" in failure
+    assert "saved:   test_model.py, line 15: out = a.sigmoid()" in failure
     # The test that raised keeps its own error, with the diagnosis under its traceback.
     raised = proc.stdout.split("test_backward_after_an_inplace_write ___", 1)[1].split("\n___", 1)[0]
     assert "RuntimeError: one of the variables needed for gradient computation" in raised

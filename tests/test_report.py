@@ -1,5 +1,6 @@
 """The plain-text report and the note a script's traceback gets (PEP 678), as a user meets them."""
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -93,8 +94,8 @@ def test_every_scenario_that_raises_gets_the_note_of_its_diagnosis(path):
     note = exception_note(trace)
     if found:  # kinds not diagnosed yet have no note to give
         assert note and note.startswith("jupyter-autograd: " + found[0].title), note
-        assert "culprit: %s, line %d: " % (path.name, sc.culprit) in note or \
-            "culprit and saved: %s, line %d: " % (path.name, sc.culprit) in note, note
+        assert re.search(r"culprit(?::| and %s:) +%s, line %d: " % (found[0].saved_label, re.escape(path.name),
+                                                                 sc.culprit), note), note
 
 
 def test_no_note_on_an_exception_that_no_diagnosis_explains():
@@ -133,7 +134,7 @@ def test_a_one_line_cell_shows_its_line_once(tmp_path):
                       "        " + line + "\nexcept RuntimeError:\n    print(t.report())\n")
     assert proc.returncode == 0, proc.stderr
     report = proc.stdout
-    assert "[saved-tensor-modified]" in report and "culprit and saved: line 5: " + line in report
+    assert "[saved-tensor-modified]" in report and "culprit and saved: train.py, line 5: " + line in report
     assert report.count("y = a.exp()") == 1, report
 
 
@@ -180,7 +181,9 @@ def test_readme_sample_report_is_what_its_example_cell_prints(shell):
     cell = "\n".join(_readme_block("## In Jupyter\n\n```python\n%load_ext jupyter_autograd\n```"))
     assert cell.startswith("%%autograd\nimport torch\n"), cell
     with capture_output() as cap:
-        shell.run_cell(cell.replace("%%autograd", "%%autograd --text", 1))
+        # As in a notebook: the README's first cell loads the extension, the example is In [2].
+        shell.run_cell("%load_ext jupyter_autograd", store_history=True)
+        shell.run_cell(cell.replace("%%autograd", "%%autograd --text", 1), store_history=True)
     printed = "\n".join([cap.stdout] + [o.data.get("text/plain", "") for o in cap.outputs])
     _shown_in(_readme_block("jupyter-autograd says, in plain words"), printed)
 
@@ -190,3 +193,105 @@ def test_readme_sample_note_is_what_a_script_prints(tmp_path):
     sample = _readme_block("a script that dies in `backward()` says which")
     if HAS_NOTES:
         _shown_in(sample, proc.stderr)
+
+
+# -- where a line is, and what the second line is, in every output ---------------------------------
+
+MODEL_FILE = """\
+import torch
+
+
+def forward(x, w):
+    h = torch.sigmoid(x @ w)
+    h.mul_(2)
+    return h
+"""
+
+TRAIN_FILE = """\
+import torch
+import model
+
+
+def step():
+    w = torch.randn(3, 3, requires_grad=True)
+    out = model.forward(torch.randn(2, 3), w)
+    out.sum().backward()
+"""
+
+
+def _import(path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def two_files(tmp_path, monkeypatch):
+    """A training step in train.py whose write is in model.py: the lines are in another file than the block."""
+    (tmp_path / "model.py").write_text(MODEL_FILE)
+    (tmp_path / "train.py").write_text(TRAIN_FILE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "model", raising=False)
+    train = _import(tmp_path / "train.py")
+    with pytest.raises(RuntimeError) as raised:
+        with ja.capture() as trace:
+            train.step()
+    return trace, raised.value
+
+
+def test_every_output_names_the_file_of_each_line(two_files):
+    from jupyter_autograd.widget import _diagnosis_dict, static_html
+
+    trace, exc = two_files
+    (d,) = trace.diagnoses
+    assert (d.line, d.saved_line) == (6, 5)
+    culprit, saved = "model.py, line 6: h.mul_(2)", "model.py, line 5: h = torch.sigmoid(x @ w)"
+    report = trace.report()
+    assert "culprit: " + culprit in report and "saved:   " + saved in report, report
+    if HAS_NOTES:
+        assert "culprit: " + culprit in exc.__notes__[0]
+    card = _diagnosis_dict(trace, d)  # what the widget's card prints
+    assert (card["place"], card["saved_place"], card["saved_label"]) == ("model.py, line 6", "model.py, line 5", "saved")
+    page = static_html(trace)  # what save_html and a notebook without a kernel show
+    assert "model.py, line 6: <code>h.mul_(2)</code>" in page and "saved: model.py, line 5: <code>" in page, page
+
+
+def test_files_with_the_same_base_name_are_told_apart():
+    from jupyter_autograd.model import Trace
+
+    trace = Trace(sources={"/src/a/model.py": [], "/src/b/model.py": [], "/src/train.py": [], "<stdin>": []})
+    assert trace.place("/src/a/model.py", 3) == "a/model.py, line 3"
+    assert trace.file_label("/src/b/model.py") == "b/model.py"
+    assert trace.file_label("/src/train.py") == "train.py" and trace.file_label("<stdin>") == "<stdin>"
+    nested = Trace(sources={"/x/pkg/a/model.py": [], "/y/pkg/a/model.py": []})
+    assert nested.file_label("/x/pkg/a/model.py") == "x/pkg/a/model.py"
+
+
+SECOND_LINES = {  # a scenario of each kind that has a second line, and the words the report must label it with
+    "20_hidden_state_not_detached.py": ("graph-freed", "freed by"),
+    "24_sqrt_at_zero.py": ("nan-gradient", "in the backward"),
+    "09_exp_output_incremented.py": ("saved-tensor-modified", "saved"),
+    "04_data_alias_silent.py": ("silent-data-mutation", "saved"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SECOND_LINES))
+def test_the_second_line_says_what_it_is(name):
+    from jupyter_autograd.widget import _diagnosis_dict, static_html
+
+    path = next(p for p in FILES if p.name == name)
+    sc = runner.load(str(path))
+    _, _, trace = runner.execute(sc.source, sc.path, captured=True, options=sc.options)
+    kind, label = SECOND_LINES[name]
+    d = next(d for d in trace.diagnoses if d.kind == kind)
+    assert d.saved_line and (not sc.saved or d.saved_line in sc.saved)
+    where = "%s, line %d: %s" % (path.name, d.saved_line, d.saved_source)
+    report = trace.report()
+    assert re.search(r"\n   %s: +%s\n" % (re.escape(label), re.escape(where)), report), report
+    if label != "saved":
+        assert "saved: " not in report, report
+    assert _diagnosis_dict(trace, d)["saved_label"] == label
+    assert "%s: %s, line %d: <code>" % (label, path.name, d.saved_line) in static_html(trace)
