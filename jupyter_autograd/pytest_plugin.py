@@ -5,7 +5,8 @@
 With `--autograd`, each test's body runs under `jupyter_autograd.capture()`; a test that passed
 but whose code produced a problem diagnosis (a silent write through `.data`, an in-place write
 to a saved tensor, graphs kept alive across iterations, ...) fails with the plain-text report.
-A test that raised keeps its own failure, whose traceback carries the diagnosis as a note.
+A test that raised keeps its own failure, whose traceback carries the diagnosis as a note; the
+whole report is then a section of the failure ("Captured autograd call").
 `@pytest.mark.autograd_ok` exempts a test that means to do it.
 
 The `autograd_trace` fixture gives a test the Trace of its own code, with or without the flag:
@@ -42,6 +43,9 @@ class LiveTrace:
         from jupyter_autograd import capture
 
         self._capture = capture(namespace=namespace)
+        # The note that capture() puts on an exception ends "trace.report() has ...": a test has
+        # no `trace`. pytest_runtest_call puts its own, which says where the report is.
+        self._capture._note_exceptions = False
         self._trace = self._capture.__enter__()
         self._running = True
 
@@ -82,7 +86,7 @@ def pytest_runtest_call(item):
     try:
         result = yield
     except BaseException as exc:
-        live.stop(exc)  # the test failed on its own; capture adds the diagnosis to its traceback
+        _explain(item, exc, live.stop(exc))  # the test failed on its own: its traceback gets the diagnosis
         raise
     from jupyter_autograd.model import PROBLEM_KINDS
 
@@ -91,3 +95,20 @@ def pytest_runtest_call(item):
         pytest.fail("the test's code breaks autograd (pytest --autograd; mark it autograd_ok if it means to)\n\n"
                     + trace.report(), pytrace=False)
     return result
+
+
+def _explain(item, exc, trace):
+    """The diagnosis that explains the test's exception as a note under its traceback (PEP 678), and
+    the whole report as a section of the failure, which the note points to. Never raises: the
+    test's own failure matters more."""
+    if not isinstance(exc, Exception) or not hasattr(exc, "add_note"):
+        return
+    try:
+        from jupyter_autograd.render.text import exception_note
+
+        note = exception_note(trace, '(the whole report is in the "Captured autograd call" section below)')
+        if note:
+            exc.add_note(note)
+            item.add_report_section("call", "autograd", trace.report())
+    except Exception:
+        pass

@@ -116,3 +116,8 @@ def test_with_the_flag_the_silent_corruption_fails_with_the_report(tmp_path):
     assert "RuntimeError: one of the variables needed for gradient computation" in raised
     if sys.version_info >= (3, 11):
         assert "jupyter-autograd: A tensor saved for backward was modified in place (`y`)" in raised
+        # There is no `trace` in a test: the note points at what pytest shows, the whole report below it.
+        assert "trace.report()" not in raised
+        assert 'the whole report is in the "Captured autograd call" section below' in raised, raised
+    section = raised.split("Captured autograd call", 1)[1]
+    assert "1. [saved-tensor-modified]" in section and "version: saved at 0, now 1" in section, raised

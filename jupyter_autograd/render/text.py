@@ -69,10 +69,13 @@ def text_report(trace: Trace, width: int = 100) -> str:
     return "\n".join(lines)
 
 
-def exception_note(trace: Trace) -> Optional[str]:
+WHOLE_REPORT = "(trace.report() has the whole diagnosis)"
+
+
+def exception_note(trace: Trace, whole_report: str = WHOLE_REPORT) -> Optional[str]:
     """A few lines for the traceback of a block that raised (PEP 678 `add_note`): the diagnosis
     that explains the exception, its lines and the start of its fix. None when no diagnosis is
-    about this exception."""
+    about this exception. `whole_report`, its last line, says where the user finds the rest."""
     error = trace.error or ""
     for d in trace.diagnoses:
         if d.kind in PROBLEM_KINDS and any(words in error for words in EXPLAINS.get(d.kind, ())):
@@ -82,7 +85,7 @@ def exception_note(trace: Trace) -> Optional[str]:
             if fix:
                 lines.append("  fix: " + fix[0].strip())
                 lines.extend(fix[1:])
-            lines.append("  (trace.report() has the whole diagnosis)")
+            lines.append("  " + whole_report)
             return "\n".join(lines)
     return None
 
