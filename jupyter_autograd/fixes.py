@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Optional
+from collections import Counter
+from typing import List, Optional, Tuple
 
 from .model import OpRecord, Trace
 
@@ -58,6 +59,26 @@ def accumulation_fix(src: str, linked_name: str, linked_known: bool) -> str:
                 % (REPLACE, code(fixed), _expr(linked_name)))
     return "Accumulate `%s.item()` (a Python number) or `%s.detach()` instead of the tensor." % (
         _expr(linked_name), _expr(linked_name))
+
+
+def counted(names) -> List[Tuple[str, int]]:
+    """[(name, how many times)], in the order first met: a list says each name once."""
+    return list(Counter(names).items())
+
+
+def also_changed(name: str, others) -> str:
+    """What else one write broke, each name once: the same name again is the same line run again
+    (a cell called in a loop makes a new `self.h1` each time), other names are other tensors."""
+    again = sum(1 for other in others if other == name)
+    rest = [(other, n) for other, n in counted(others) if other != name]
+    parts = []
+    if again:
+        parts.append("`%s` in %d more run%s of this line" % (name, again, "" if again == 1 else "s"))
+    if rest:
+        shown = ", ".join("`%s`" % other + (" (in %d runs)" % n if n > 1 else "") for other, n in rest[:6])
+        parts.append("%d more saved tensor%s: %s%s" % (len(rest), "" if len(rest) == 1 else "s", shown,
+                                                       ", ..." if len(rest) > 6 else ""))
+    return ", and ".join(parts)
 
 
 def line_ref(op: OpRecord) -> str:

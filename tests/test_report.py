@@ -295,3 +295,77 @@ def test_the_second_line_says_what_it_is(name):
         assert "saved: " not in report, report
     assert _diagnosis_dict(trace, d)["saved_label"] == label
     assert "%s: %s, line %d: <code>" % (label, path.name, d.saved_line) in static_html(trace)
+
+
+# -- a name is said once -------------------------------------------------------------------------
+
+class _Cell(torch.nn.Module):
+    """A recurrent cell that keeps its state on itself and writes it in place after saving it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        self.h1 = torch.sigmoid(self.lin(x))
+        self.h1.mul_(2)
+        return self.h1
+
+
+def _unroll(steps):
+    cell = _Cell()
+    x = torch.randn(2, 3)
+    for _ in range(steps):
+        x = cell(x)
+    x.sum().backward()
+
+
+def test_a_write_in_a_cell_called_in_a_loop_names_its_tensor_once():
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        with ja.capture() as trace:
+            _unroll(5)
+    (d,) = trace.diagnoses
+    assert d.tensor == "self.h1" and d.kind == "saved-tensor-modified"
+    assert "`self.h1`, `self.h1`" not in trace.report()
+    assert "in 4 more runs of this line" in d.message, d.message
+    assert d.also == ()  # no other tensor: the same one, made again by each call
+
+
+def _two_layers():
+    enc = torch.nn.Linear(4, 4)
+    dec = torch.nn.Linear(4, 1)
+    y = dec(torch.relu(enc(torch.randn(2, 4))))
+    y.sum().backward()
+    return enc, dec
+
+
+def _layers_in_a_loop():
+    layers = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)]
+    x = torch.randn(2, 4)
+    for layer in layers:
+        x = layer(x)
+    x.sum().backward()
+    return layers
+
+
+def _leaf_names(trace):
+    return [trace.tensor_label(n.variable) for n in trace.nodes.values() if n.variable is not None]
+
+
+def test_two_layers_of_one_class_made_in_a_function_go_by_their_own_names():
+    with ja.capture() as trace:
+        enc, dec = _two_layers()
+    assert sorted(_leaf_names(trace)) == ["dec.bias", "dec.weight", "enc.bias", "enc.weight"]
+    # The oracle: each name is the parameter of the layer it says.
+    by_name = {trace.tensors[n.variable].name: n.variable for n in trace.nodes.values() if n.variable is not None}
+    assert trace.tensors[by_name["dec.weight"]].shape == tuple(dec.weight.shape) == (1, 4)
+
+
+def test_layers_called_from_one_line_are_told_apart():
+    with ja.capture() as trace:
+        layers = _layers_in_a_loop()
+    names = _leaf_names(trace)
+    assert len(set(names)) == len(names) == 4, names
+    summary = trace.summary()
+    leaves = summary.split("Leaves that get .grad: ", 1)[1]
+    assert len(set(leaves.rstrip(".\n").split(", "))) == 4, summary

@@ -6,6 +6,7 @@ import functools
 import gc
 import io
 import linecache
+import os
 import re
 import tokenize
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -132,26 +133,82 @@ def _outermost_modules(recorder):
 
 def _name_outermost_modules(recorder, module_names, trees):
     """A module that no namespace names (a model made inside a function) goes by the callee of the
-    line that called it (recorded by the forward pre-hook), when that line calls exactly one thing
-    that can be a module: `logits = model(x)` names it `model`, `h = self.encoder(x)`
-    `self.encoder`. Otherwise by its class name: never by a guess."""
+    line that called it (recorded by the forward pre-hook): `logits = model(x)` names it `model`,
+    `h = self.encoder(x)` `self.encoder`, `y = dec(torch.relu(enc(x)))` `dec` (the call itself is
+    read where its columns are known). Otherwise by its class name: never by a guess. Modules that
+    would share a name (two `Linear`s, the layers of a list called by one line) are told apart by
+    the order of their first calls, `layer (call 2)`, and a note says where each was called."""
     call_sites = getattr(recorder, "module_call_sites", {})
+    roots = {}  # id(module) -> (module, name, named by a namespace)
     for module, index in _outermost_modules(recorder):
         if id(module) in module_names:
+            roots[id(module)] = (module, module_names[id(module)], True)
             continue
+        callee = None
         site = call_sites.get(id(module))
-        if site is None:
-            continue
-        filename, line, columns = site
-        text = linecache.getline(filename, line)
-        if columns is not None:  # the call itself, out of its line
-            first, end = columns
-            text = text.encode("utf-8")[first:end].decode("utf-8", "replace")
-        callee = _single_callee(text.strip())
-        if callee:
-            module_names[id(module)] = callee
-            for module_id, dotted in _module_tree(module, callee, trees).modules:
+        if site is not None:
+            filename, line, columns = site
+            text = linecache.getline(filename, line)
+            if columns is not None:  # the call itself, out of its line
+                first, end = columns
+                callee = _callee_of_call(text.encode("utf-8")[first:end].decode("utf-8", "replace").strip())
+            callee = callee or _single_callee(text.strip())
+        roots[id(module)] = (module, callee or type(module).__name__, False)
+    by_name = {}
+    for module, name, _ in roots.values():
+        by_name.setdefault(name, []).append(module)
+    notes = []
+    for name, modules in by_name.items():
+        if len(modules) > 1:
+            places = []
+            for k, module in enumerate(modules, 1):
+                if not roots[id(module)][2]:
+                    roots[id(module)] = (module, "%s (call %d)" % (name, k), False)
+                site = call_sites.get(id(module))
+                if site is not None:
+                    places.append("call %d on line %d of %s" % (k, site[1], os.path.basename(site[0])))
+            notes.append("%d different modules go by `%s`: each is named after the order of its first call "
+                         "(%s)." % (len(modules), name, ", ".join(places) or "no call line known"))
+    recorder.module_name_notes = notes
+    for module, name, from_namespace in roots.values():
+        if not from_namespace:
+            module_names[id(module)] = name
+            for module_id, dotted in _module_tree(module, name, trees).modules:
                 module_names.setdefault(module_id, dotted)
+
+
+def _callee_of_call(text: str) -> Optional[str]:
+    """The module a call expression calls: `dec` for `dec(torch.relu(enc(x)))`, `net.0` for
+    `net[0](x)`; None when the text is not one call of a name, an attribute or an element."""
+    try:
+        call = ast.parse(_without_comment(text), mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(call, ast.Call):
+        return None
+    callee = _module_path(call.func)
+    if not callee or callee.partition(".")[0] in _NOT_MODULES or callee.rpartition(".")[2].endswith("_"):
+        return None
+    return callee
+
+
+def _module_path(node) -> Optional[str]:
+    """`self.encoder`, `net.0` for `net[0]`: a name with attributes and integer indexes, as dotted
+    module paths are written; None for anything else."""
+    parts = []
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+                and type(node.slice.value) is int and node.slice.value >= 0:
+            parts.append(str(node.slice.value))
+            node = node.value
+        else:
+            break
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id] + parts[::-1])
 
 
 _NOT_MODULES = {"torch", "F", "nn", "np", "math", "len", "print", "float", "int", "sum", "max", "min", "abs",
@@ -239,6 +296,7 @@ def build_trace(recorder, live, names, error: Optional[str] = None) -> Trace:
         _calls(recorder, trace)
         _graph(recorder, trace)
         _names(trace, names)
+        trace.notes.extend(getattr(recorder, "module_name_notes", ()))
         if recorder.nan_origin is not None:
             backward, key, name, facts = recorder.nan_origin
             trace.nan_origin = {"backward": backward, "node": key, "name": name, "facts": facts}

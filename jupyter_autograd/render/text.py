@@ -31,6 +31,8 @@ def graph_summary(trace: Trace) -> str:
              "Graph: %d nodes (%s%s), %d saved tensor%s." % (len(trace.nodes), common or "none", more, saved,
                                                             "" if saved == 1 else "s")]
     if leaves:
+        # Tensors with no name of their own can share a description: each is said once, counted.
+        leaves = ["%s (x%d)" % (name, n) if n > 1 else name for name, n in Counter(leaves).items()]
         shown = ", ".join(leaves[:8]) + (", ..." if len(leaves) > 8 else "")
         parts.append("Leaves that get .grad: %s." % shown)
     return "\n".join(parts)
