@@ -191,7 +191,7 @@ def _saved_diagnosis(trace, kind, cp: Checkpoint, slot: SavedSlot, node, saved_o
             "%s \"one of the variables needed for gradient computation has been modified by an inplace "
             "operation\": the gradient needs the value `%s` had when it was saved."
             % (name, node_name, saved_at, slot.saved_version, what, slot.current_version, after, name))
-        fix = inplace_fix(trace, culprit[0] if culprit else None, name, save)
+        fix = inplace_fix(trace, culprit[0] if culprit else None, name, save, culprit[1] if culprit else None)
     else:
         alias = trace.tensor_label(culprit[1]) if culprit is not None else "an alias"
         message = (
