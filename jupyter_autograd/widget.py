@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import html
 import pathlib
+import sys
 import time
 from typing import Dict, Optional
 
@@ -384,13 +385,39 @@ def static_html(trace: Trace, scene: Optional[layout.Scene] = None) -> str:
 def display_trace(trace: Trace, filename: Optional[str] = None) -> None:
     """Show the static pictures and the widget as two outputs: the first stands in for the
     second wherever the widget cannot be drawn (no kernel, GitHub, nbconvert); where it can,
-    the widget's CSS hides the first."""
+    the widget's CSS hides the first. In a marimo notebook the same two, through marimo's own
+    output and its anywidget wrapper; with neither IPython nor marimo running (a script, a
+    terminal, a CI log), the text report."""
+    marimo = _running_marimo()
+    if marimo is not None:
+        widget = AutogradWidget(trace, filename=filename)
+        marimo.output.append(marimo.Html(static_html(trace)))
+        marimo.output.append(marimo.ui.anywidget(widget))
+        return
+    if _running_ipython() is None:
+        print(text_report(trace))
+        return
     from IPython.display import display
 
     widget = AutogradWidget(trace, filename=filename)
     widget._static_elsewhere = True
     display(widget.static_bundle(), raw=True)
     display(widget)
+
+
+def _running_marimo():
+    """The marimo module when this runs in a marimo notebook, else None (never imported here)."""
+    marimo = sys.modules.get("marimo")
+    try:
+        return marimo if marimo is not None and marimo.running_in_notebook() else None
+    except Exception:  # another marimo than the one we know: not ours to show in
+        return None
+
+
+def _running_ipython():
+    """The running IPython shell, or None (IPython is not imported here when it is not loaded)."""
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
 
 
 def save_html(trace: Trace, path, filename: Optional[str] = None) -> pathlib.Path:
