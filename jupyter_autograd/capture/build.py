@@ -6,6 +6,7 @@ import functools
 import gc
 import io
 import linecache
+import math
 import os
 import re
 import tokenize
@@ -102,18 +103,31 @@ def freeze(recorder, namespaces: Iterable[dict]):
     _name_module_paths(recorder, module_names)
     recorder.user_globals = {}  # never hold the user's namespaces (or modules) past the block
     recorder.modules = {}
-    recorder.nonfinite = {}
+    _read_gradient_norms(recorder)
+    return live, names
+
+
+def _read_gradient_norms(recorder):
+    """The gradient norms taken after the checked backward calls (the last one's now, if a long loop
+    left it unchecked), read at last: recorder.nonfinite (the first backward after which each leaf's
+    gradient held NaN/Inf), recorder.grad_norms (tid -> [(backward op index, norm)]), and the norm
+    of each of those leaves now, the scale its gradient is judged against (Trace.grad_stats)."""
+    recorder.nonfinite, recorder.grad_norms, recorder.leaf_norms = {}, {}, {}
     if recorder.unchecked_backward is not None:  # the last backward of a long loop: check it now
         index, leaves = recorder.unchecked_backward
         grads = [(t_id, g) for t_id, g in ((t_id, _grad_of(recorder, t_id)) for t_id in leaves) if g is not None]
         if grads:
-            recorder.gradient_flags.append((index, nan_watch.nonfinite_flags(grads)))
+            recorder.gradient_norms.append((index, nan_watch.norms_of(grads)))
         recorder.unchecked_backward = None
-    for index, flags in recorder.gradient_flags:
-        for t_id in nan_watch.read_flags(flags):
-            recorder.nonfinite.setdefault(t_id, index)
-    recorder.gradient_flags = []
-    return live, names
+    for index, norms in recorder.gradient_norms:
+        for t_id, norm in nan_watch.read_norms(norms):
+            if not math.isfinite(norm):
+                recorder.nonfinite.setdefault(t_id, index)
+            recorder.grad_norms.setdefault(t_id, []).append((index, norm))
+    recorder.gradient_norms = []
+    leaves = [(t_id, t) for t_id, t in ((t_id, recorder.refs[t_id]()) for t_id in recorder.grad_norms)
+              if t is not None and (t.is_floating_point() or t.is_complex())]
+    recorder.leaf_norms = dict(nan_watch.read_norms(nan_watch.norms_of(leaves)))
 
 
 def _grad_of(recorder, t_id):
@@ -368,7 +382,8 @@ def _tensors(recorder, trace, live, names_found):
                           created_by=created_by, base=base, data_alias_of=alias_of,
                           first_requires_grad=bool(requires_grad), owner=recorder.param_owner.get(t_id),
                           optimized=t_id in recorder.optimized, is_parameter=t_id in recorder.parameters,
-                          stepped_with_grad=t_id in recorder.stepped_with_grad, nonfinite_after=recorder.nonfinite.get(t_id))
+                          stepped_with_grad=t_id in recorder.stepped_with_grad, nonfinite_after=recorder.nonfinite.get(t_id),
+                          grad_norms=recorder.grad_norms.get(t_id, []), norm=recorder.leaf_norms.get(t_id))
         if t_id in live:
             info.alive = True
             info.requires_grad, info.is_leaf, info.grad_fn, info.node, ref, info.version = live[t_id]
@@ -381,7 +396,7 @@ def _referenced_tensors(recorder, live, names_found) -> set:
     """After folding, the tensors anything kept still mentions. The others were made and used
     only by folded ops (whose records no longer list them): a long loop leaves millions."""
     wanted = set(live) | set(names_found) | set(recorder.param_owner) | set(recorder.optimized)
-    wanted |= set(recorder.nonfinite)
+    wanted |= set(recorder.nonfinite) | set(recorder.grad_norms)
     for rec in recorder.ops:
         if rec[OP_IN] or rec[OP_OUT]:
             wanted.update(rec[OP_IN])
