@@ -12,6 +12,13 @@ tests/test_fixes.py checks on every scenario (and that every new kind of diagnos
   in `Diagnosis.filename`), re-indented to that line's indentation. That is the whole fix: the
   test applies it and checks that the diagnosis is gone and that backward then gives the
   gradients of the clean program. Use it only when that is true.
+* A line other than the culprit. A block right after a prose line that ends with
+  "Replace line N of FILE with:" (`REPLACE_LINE`; FILE as `Trace.file_label` names it, N its line
+  number there) replaces that line, re-indented to its indentation: the same whole fix, for a
+  mistake made where something was built (`nn.ReLU(inplace=True)` in a model's `__init__`).
+* The program's meaning stays. A replacement computes what the program meant: it may stop a
+  write that broke backward, never drop it (rebinding a name that is only an alias of a module's
+  buffer leaves the buffer as it was) or stop a change that other code reads.
 * No guessing. When no single change is right (the cause is elsewhere, or it depends on what the
   user meant), the fix starts with "There is no one-line fix:" and says what to change where;
   its code blocks are then examples, still valid code.
@@ -22,11 +29,13 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Optional
+from collections import Counter
+from typing import List, Optional, Tuple
 
 from .model import OpRecord, Trace
 
 REPLACE = "Replace the culprit line with:"
+REPLACE_LINE = "Replace line %d of %s with:"
 NO_ONE_LINE_FIX = "There is no one-line fix:"
 SAVED_COPY_REMEDY = (
     "If the in-place write has to stay, PyTorch can keep the old value for backward: run both the forward "
@@ -83,6 +92,26 @@ def accumulation_fix(src: str, linked_name: str, linked_known: bool) -> str:
         _expr(linked_name), _expr(linked_name))
 
 
+def counted(names) -> List[Tuple[str, int]]:
+    """[(name, how many times)], in the order first met: a list says each name once."""
+    return list(Counter(names).items())
+
+
+def also_changed(name: str, others) -> str:
+    """What else one write broke, each name once: the same name again is the same line run again
+    (a cell called in a loop makes a new `self.h1` each time), other names are other tensors."""
+    again = sum(1 for other in others if other == name)
+    rest = [(other, n) for other, n in counted(others) if other != name]
+    parts = []
+    if again:
+        parts.append("`%s` in %d more run%s of this line" % (name, again, "" if again == 1 else "s"))
+    if rest:
+        shown = ", ".join("`%s`" % other + (" (in %d runs)" % n if n > 1 else "") for other, n in rest[:6])
+        parts.append("%d more saved tensor%s: %s%s" % (len(rest), "" if len(rest) == 1 else "s", shown,
+                                                       ", ..." if len(rest) > 6 else ""))
+    return ", and ".join(parts)
+
+
 def line_ref(op: OpRecord) -> str:
     return "line %d" % op.location.line if op.location else "an unknown line"
 
@@ -126,6 +155,10 @@ _AUG = {"__iadd__": "+=", "__isub__": "-=", "__imul__": "*=", "__itruediv__": "/
 
 def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[OpRecord],
                 written: Optional[int] = None) -> str:
+    """`written`: the tid of the tensor the line wrote through. When the line's name is only another
+    name for it (the same tensor object, held under its own name elsewhere), rebinding that name
+    would not reach it. (An alias made by `.detach()` or a view is a tensor of its own: a copy of it
+    keeps the values the user wrote to it, and the fix says where else the change can go.)"""
     if op is None:
         return ("Write to a copy (`%s = %s.clone()`) instead of the saved tensor.\n%s"
                 % (_expr(name), _expr(name), SAVED_COPY_REMEDY))
@@ -142,6 +175,12 @@ def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[
                 "%s, or take the view from a copy (%s) made after that line, and use the copy from there on.\n%s"
                 % (NO_ONE_LINE_FIX, where(op), name, trace.tensor_label(written),
                    line_ref(save) if save is not None else "the tensor is saved", copy, SAVED_COPY_REMEDY))
+    rewritten = out_of_place(src) or copy_before_write(src)
+    target = _rebound_name(rewritten) if rewritten else None
+    if target and not (op.location and target in _arguments_of(trace, op.location)):
+        held = _held_elsewhere(trace, written, target)
+        if held:
+            return _alias_write_fix(trace, op, target, held, save)
     rewritten = out_of_place(src)
     if rewritten:
         return ("Use the out-of-place form, which leaves the saved value intact. %s\n%s\n%s\n%s"
@@ -174,6 +213,9 @@ def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[
                 "step (in GAN training: compute the generator's loss after the discriminator's step, or detach "
                 "it).")
     if not short.endswith("_") and op.name.startswith("F."):
+        built = _inplace_module_fix(trace, op)
+        if built:
+            return built + before
         module = _MODULES.get(short)
         example = ("\n%s\n" % code("nn.%s(inplace=False)" % module)) if module else " "
         return ("%s %s runs `%s(..., inplace=True)` inside this call. Build the model with the out-of-place "
@@ -189,6 +231,238 @@ _MODULES = {"relu": "ReLU", "leaky_relu": "LeakyReLU", "elu": "ELU", "selu": "SE
             "hardtanh": "Hardtanh", "relu6": "ReLU6", "dropout": "Dropout", "silu": "SiLU",
             "hardswish": "Hardswish", "hardsigmoid": "Hardsigmoid", "mish": "Mish", "rrelu": "RReLU",
             "alpha_dropout": "AlphaDropout"}
+
+
+# Where `inplace` is among the positional arguments of each module's constructor.
+_INPLACE_POSITION = {"ReLU": 0, "ReLU6": 0, "SELU": 0, "SiLU": 0, "Mish": 0, "Hardswish": 0, "Hardsigmoid": 0,
+                     "ELU": 1, "CELU": 1, "LeakyReLU": 1, "Dropout": 1, "Dropout1d": 1, "Dropout2d": 1,
+                     "Dropout3d": 1, "AlphaDropout": 1, "FeatureAlphaDropout": 1, "Hardtanh": 2, "RReLU": 2,
+                     "Threshold": 2}
+
+
+def _rebound_name(rewritten: str) -> Optional[str]:
+    """The name a rewrite rebinds to a new tensor made from it: `buf` in `buf = buf / n`, `d` in
+    `d = d.clone()` (not `new_h`, which only holds a value on the way)."""
+    for line in rewritten.splitlines():
+        stmt = _single_statement(line)
+        if isinstance(stmt, ast.Assign):
+            used = {n.id for n in ast.walk(stmt.value) if isinstance(n, ast.Name)}
+            for target in stmt.targets:
+                if isinstance(target, ast.Name) and target.id in used:
+                    return target.id
+    return None
+
+
+def _held_elsewhere(trace: Trace, written: Optional[int], target: str) -> Optional[str]:
+    """Who else holds the tensor the line wrote, when the line reaches it through `target`, another name:
+    a module (its buffer or parameter), an object (an attribute), or the code before the block.
+    Rebinding `target` or writing to a copy would not reach that holder. None when `target` is its
+    name, or only the block's own code holds it (an argument handed on, `out = x`: the copy goes
+    where `out` goes)."""
+    info = trace.tensors.get(written) if written is not None else None
+    if info is None or info.name == target:
+        return None
+    label = "`%s`" % info.name if info.name else trace.tensor_label(written)
+    owner = info.name.rpartition(".")[0] if info.name else ""
+    if owner in trace.modules:
+        return "%s, held by the module `%s`" % (label, owner)
+    if info.is_parameter or info.created_by is None:
+        return "%s, which was made before the block" % label if info.name else label
+    if info.name and "." in info.name:
+        return "%s, kept on an object" % label
+    return None
+
+
+def _alias_write_fix(trace: Trace, op: OpRecord, target: str, held: str, save: Optional[OpRecord]) -> str:
+    backward = next((o for o in trace.ops[op.index + 1:] if o.is_backward), None)
+    after = "after the backward on %s" % line_ref(backward) if backward is not None else \
+        "after the backward() that uses the saved value"
+    forward = "before %s, the forward pass that saved it" % line_ref(save) if save is not None and save.location \
+        else "before the forward pass that saved it"
+    return ("%s `%s` is another name for %s: rebinding `%s` (`%s = ...`) would leave it unchanged, and a copy "
+            "would take the write away from it. Keep the write "
+            "in place and move it where no graph needs the old value: %s (the gradient is computed from the values "
+            "the forward pass saw), or %s (that forward pass then uses the new values). Which one your program "
+            "means is yours to choose." % (NO_ONE_LINE_FIX, target, held, target, target, after, forward))
+
+
+def _inplace_module_fix(trace: Trace, op: OpRecord) -> Optional[str]:
+    """The fix for a module built with inplace=True that wrote a saved tensor: the line that built
+    it, read from the source of its parent module's class (or of the line that made the model),
+    with inplace=False. A one-line replacement when the module's input is read by nothing else
+    after the call; otherwise the same line, as an example."""
+    if not op.module:
+        return None
+    path = op.module[-1]
+    built = _construction(trace, path)
+    if built is None:
+        return None
+    filename, call = built
+    cls = trace.modules.get(path, "")
+    flag = next((k.value for k in call.keywords if k.arg == "inplace"), None)
+    position = _INPLACE_POSITION.get(cls)
+    if flag is None and position is not None and position < len(call.args):
+        flag = call.args[position]
+    if not (isinstance(flag, ast.Constant) and flag.value is True):
+        return None
+    lines = trace.sources.get(filename, [])
+    text = lines[flag.lineno - 1].rstrip("\n") if 0 < flag.lineno <= len(lines) else ""
+    raw = text.encode("utf-8")
+    if raw[flag.col_offset:flag.end_col_offset] != b"True":
+        return None
+    new = (raw[:flag.col_offset] + b"False" + raw[flag.end_col_offset:]).decode("utf-8").strip()
+    place = REPLACE_LINE % (flag.lineno, trace.file_label(filename))
+    head = ("%s runs `%s` (%s, built with inplace=True), which overwrites its input in place, and that input was "
+            "saved for backward. Build it with inplace=False." % (where(op), path, cls))
+    safe, read_again = _input_unread_after(trace, op, path)
+    if safe:
+        return "%s %s\n%s\n" % (head, place, code(new))
+    return ("%s %s The module then leaves its input unchanged: check that no line after %s reads %s expecting "
+            "the change. On line %d of %s:\n%s\n"
+            % (NO_ONE_LINE_FIX, head, line_ref(op), "`%s`" % read_again if read_again else "its input",
+               flag.lineno, trace.file_label(filename), code(new)))
+
+
+def _input_unread_after(trace: Trace, op: OpRecord, path: str):
+    """(True, None) when nothing can read a module's input after the call that wrote it in place: a
+    later layer of an nn.Sequential (its input is the layer before's output), an expression's result
+    (`self.relu(self.conv(x))`), or a local the call rebinds or returns (`x = self.act(x)`; not an
+    argument of the function, which its caller holds). Else (False, the name that may be read)."""
+    parent, _, index = path.rpartition(".")
+    if trace.modules.get(parent) == "Sequential" and index.isdigit() and int(index) > 0:
+        return True, None
+    src = op.location.source if op.location else ""
+    stmt = _single_statement(src)
+    value = stmt.value if isinstance(stmt, (ast.Assign, ast.Return, ast.Expr)) else None
+    if not (isinstance(value, ast.Call) and value.args):
+        return False, None
+    arg = value.args[0]
+    if not isinstance(arg, ast.Name):
+        return True, None
+    if op.location and arg.id in _arguments_of(trace, op.location):
+        return False, arg.id
+    rebound = isinstance(stmt, ast.Assign) and [ast.unparse(t) for t in stmt.targets] == [arg.id]
+    return (True, None) if rebound or isinstance(stmt, ast.Return) else (False, arg.id)
+
+
+def _construction(trace: Trace, path: str):
+    """(filename, the call that built the module at this dotted path), read off the sources of the
+    trace: `self.act = nn.ReLU(...)` in the class of its parent, element k of the nn.Sequential(...)
+    that built the parent, or the one assignment to a model's own name. None where that is not
+    certain (two assignments, a module built in a loop, a file not in the trace)."""
+    parent, _, attr = path.rpartition(".")
+    if not parent or parent not in trace.modules:
+        return _only_assignment(trace, path)
+    if attr.isdigit():
+        built = _construction(trace, parent)
+        if built is None or not isinstance(built[1], ast.Call):
+            return None
+        filename, call = built
+        elements = _sequence_elements(trace, filename, call)
+        k = int(attr)
+        return (filename, elements[k]) if elements is not None and k < len(elements) and \
+            isinstance(elements[k], ast.Call) else None
+    cls = trace.modules.get(parent)
+    found = []
+    for filename, tree in _parsed_sources(trace):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name == cls:
+                found += [(filename, value) for value in _attribute_assignments(node, attr)]
+    return found[0] if len(found) == 1 and isinstance(found[0][1], ast.Call) else None
+
+
+def _sequence_elements(trace: Trace, filename: str, call: ast.Call):
+    """The modules an nn.Sequential(...) / nn.ModuleList([...]) call was given, in order: its
+    arguments, or the elements of the list literal they come from (`nn.Sequential(*layers)` with
+    `layers = [...]` assigned once in the same function). None where they cannot be read."""
+    kind = ast.unparse(call.func).rpartition(".")[2]
+    if kind == "ModuleList" and len(call.args) == 1 and isinstance(call.args[0], (ast.List, ast.Tuple)):
+        return list(call.args[0].elts)
+    if kind != "Sequential":
+        return None
+    if not any(isinstance(a, ast.Starred) for a in call.args):
+        return list(call.args)
+    if len(call.args) != 1 or not isinstance(call.args[0].value, ast.Name):
+        return None
+    name = call.args[0].value.id
+    for _, tree in _parsed_sources(trace, only=filename):
+        scope = _enclosing_function(tree, call)
+        values = [n.value for n in ast.walk(scope) if isinstance(n, ast.Assign)
+                  and [ast.unparse(t) for t in n.targets] == [name]] if scope is not None else []
+        if len(values) == 1 and isinstance(values[0], (ast.List, ast.Tuple)) and not any(
+                isinstance(e, ast.Starred) for e in values[0].elts):
+            return list(values[0].elts)
+    return None
+
+
+def _enclosing_function(tree, node):
+    best = None
+    for f in ast.walk(tree):
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.lineno <= node.lineno <= f.end_lineno:
+            if best is None or f.lineno > best.lineno:
+                best = f
+    return best or tree
+
+
+def _attribute_assignments(cls: ast.ClassDef, attr: str):
+    """The values assigned to `self.<attr>` in the methods of a class."""
+    for method in cls.body:
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or not method.args.args:
+            continue
+        me = method.args.args[0].arg
+        for node in ast.walk(method):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) and node.value is not None else []
+            if any(isinstance(t, ast.Attribute) and t.attr == attr and isinstance(t.value, ast.Name)
+                   and t.value.id == me for t in targets):
+                yield node.value
+
+
+def _only_assignment(trace: Trace, name: str):
+    found = [(filename, node.value) for filename, tree in _parsed_sources(trace) for node in ast.walk(tree)
+             if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [name]]
+    return found[0] if len(found) == 1 else None
+
+
+def _parsed_sources(trace: Trace, only: Optional[str] = None):
+    for filename, lines in trace.sources.items():
+        if only is not None and filename != only:
+            continue
+        try:
+            yield filename, ast.parse("".join(lines))
+        except (SyntaxError, ValueError):
+            continue
+
+
+# How the user wrote the ops that cut a chain: what a fix tells them to stop writing.
+_CUT_SPELLINGS = {"item": "`.item()`", "tolist": "`.tolist()`", "numpy": "`.numpy()`", "__array__": "`np.asarray()`",
+                  "detach": "`.detach()`", "detach_": "`.detach_()`", "data": "`.data`", "__float__": "`float()`",
+                  "__int__": "`int()`", "__index__": "an integer index", "__complex__": "`complex()`"}
+
+
+def cut_spelling(op: OpRecord) -> str:
+    """The cut as the user wrote it: `.item()`, `.detach()`, `.data`, or the op that ran under no_grad."""
+    if not op.grad_enabled:
+        return "`%s` under `torch.no_grad()`" % op.name
+    return _CUT_SPELLINGS.get(op.name.rpartition(".")[2], "`%s`" % op.name)
+
+
+def starved_fix(name: str, cut: OpRecord, rewritten: Optional[str], advice: Optional[str] = None) -> str:
+    """The fix for a trained tensor whose path to the loss one op cut: it names that op (`.item()`
+    on line 11) and, where the line rebuilt a tensor from it (`torch.tensor(x.mean().item())`), gives
+    the line that keeps the tensor: the same value, now with its history."""
+    spelled = cut_spelling(cut)
+    freeze = "If `%s` should not be trained, freeze it on purpose (`requires_grad_(False)`)." % _expr(name)
+    if rewritten and _is_simple_statement(rewritten):
+        return ("Keep the chain from `%s` to the loss: %s on %s gives a value without history. %s\n%s\n%s"
+                % (_expr(name), spelled, line_ref(cut), REPLACE, code(rewritten), freeze))
+    if advice:  # what to do about this kind of cut (an index, a checkpoint given no tensor that requires grad)
+        return ("%s %s on %s cuts the chain from `%s` to the loss: %s, so that `%s` gets a gradient. %s"
+                % (NO_ONE_LINE_FIX, spelled, line_ref(cut), _expr(name), advice, _expr(name), freeze))
+    instead = "outside `torch.no_grad()` and `torch.inference_mode()`" if not cut.grad_enabled else \
+        "with torch operations on the tensor itself, without %s" % spelled
+    return ("%s %s on %s cuts the chain from `%s` to the loss: compute that value %s. %s"
+            % (NO_ONE_LINE_FIX, spelled, line_ref(cut), _expr(name), instead, freeze))
 
 
 def data_fix(trace: Trace, culprit, name: str, save: Optional[OpRecord]) -> str:
@@ -261,8 +535,8 @@ def out_of_place(src: str) -> Optional[str]:
         # Through the AST, so `y *= a + b` becomes `y = y * (a + b)`.
         target = stmt.target.id
         return "%s = %s" % (target, ast.unparse(ast.BinOp(ast.Name(target), stmt.op, stmt.value)))
-    if "inplace=True" in src:
-        return src.replace("inplace=True", "inplace=False")
+    if src.count("inplace=True") == 1:
+        return _without_inplace(stmt, src.strip().replace("inplace=True", "inplace=False"))
     if isinstance(stmt, (ast.Expr, ast.Assign)):
         call = stmt.value
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
@@ -277,6 +551,22 @@ def out_of_place(src: str) -> Optional[str]:
             return "%s = %s" % (" = ".join(names + ([receiver] if receiver not in names else [])), new_call)
         return "%s = %s" % (receiver, new_call)
     return None
+
+
+def _without_inplace(stmt, replaced: str) -> str:
+    """`F.relu(h, inplace=True)` wrote `h`: its out-of-place form must still give `h` the result
+    (`h = F.relu(h, inplace=False)`), and `y = F.relu(h, inplace=True)` both names. A call whose
+    first argument is no name (a module's constructor, an expression's result) only changes flag."""
+    call = stmt.value if isinstance(stmt, (ast.Assign, ast.Expr)) else None
+    if not (isinstance(call, ast.Call) and call.args and isinstance(call.args[0], ast.Name)):
+        return replaced
+    written = call.args[0].id
+    if isinstance(stmt, ast.Expr):
+        return "%s = %s" % (written, replaced)
+    names = [ast.unparse(t) for t in stmt.targets]
+    if written in names:
+        return replaced
+    return "%s = %s" % (" = ".join(names + [written]), ast.unparse(_single_statement(replaced).value))
 
 
 # In-place methods of torch.Tensor whose name without the "_" is not their out-of-place form

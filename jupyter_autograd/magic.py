@@ -45,7 +45,8 @@ class AutogradMagics(Magics):
     _value = None  # the value of a rewritten cell's last expression, on its way out of the block
     _widgets = None  # the _WidgetsOfCells that closes the widgets no output shows any more
 
-    @magic_arguments()
+    # IPython prefixes the usage line with one `%` (a line magic's): the name brings the second.
+    @magic_arguments(name="%autograd")
     @argument("-o", "--output", metavar="NAME", default=None,
               help="Store the Trace (ops, graph, diagnoses) in the variable NAME of the user namespace.")
     @argument("-q", "--quiet", action="store_true",

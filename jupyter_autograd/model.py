@@ -5,7 +5,6 @@ serialised to JSON, and rendered anywhere.
 """
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -25,6 +24,25 @@ PROBLEM_KINDS = ("leaf-inplace", "view-inplace", "saved-tensor-modified", "silen
                  "graph-freed", "graph-cut", "nonscalar-backward", "not-differentiable", "invalid-gradient",
                  "inference-tensor-saved", "nonleaf-requires-grad", "ddp-unused-parameters", "ddp-ready-twice",
                  "missing-grad", "nan-gradient", "backward-error")
+
+# What a diagnosis's second line (`Diagnosis.saved_line`) is, per kind: every output labels it
+# with these words, next to "culprit". "saved" would be wrong for most: the backward that freed a
+# graph saved nothing.
+SECOND_LINE_LABELS = {
+    "saved-tensor-modified": "saved",           # the op that saved the tensor the culprit changed
+    "silent-data-mutation": "saved",
+    "graph-freed": "freed by",                  # the backward call that freed the graph
+    "nan-gradient": "in the backward",          # the backward call that made the NaN/Inf
+    "accumulated-graph": "backward",            # the backward that ran the graph kept alive
+    "view-inplace": "views made",               # the op that made the views (chunk, split, no_grad)
+    "inference-tensor-saved": "saved by",       # the op that tried to save the inference tensor
+    "nonleaf-requires-grad": "made",            # the op that made the tensor a non-leaf
+    "nonscalar-backward": "backward",
+    "not-differentiable": "backward",
+    "invalid-gradient": "backward",
+    "ddp-ready-twice": "backward",
+    "backward-error": "backward",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +83,10 @@ class TensorInfo:
     stepped_with_grad: bool = False      # ... and that step found a gradient in its `.grad`
     nonfinite_after: Optional[int] = None  # the first backward call after which its gradient held NaN/Inf
     elements: Optional[int] = None       # elements it holds at the end of the block, if alive (0: sharded away)
+    # (backward op index, L2 norm of its .grad right after that call) for each checked backward
+    # call that reached this leaf (calls 1, 2, 4, 8, ... and the last: see Trace.grad_stats)
+    grad_norms: List[Tuple[int, float]] = field(default_factory=list)
+    norm: Optional[float] = None         # for a leaf with grad_norms: its own L2 norm at the end of the block
 
     @property
     def label(self) -> str:
@@ -166,6 +188,11 @@ class Diagnosis:
     tids: Tuple[int, ...] = ()
     predicted: bool = False              # made from the graph before any backward ran into it
     also: Tuple[str, ...] = ()           # other tensors the same write broke
+
+    @property
+    def saved_label(self) -> str:
+        """What the second line is ("saved", "freed by", ...): see SECOND_LINE_LABELS."""
+        return SECOND_LINE_LABELS.get(self.kind, "see also")
 
     @property
     def title(self) -> str:
@@ -297,13 +324,24 @@ class Trace:
         return ""
 
     def file_label(self, filename: Optional[str]) -> str:
-        """`In [2]` for a notebook cell, `train.py` for a file, `<string>` for code with no file."""
+        """`In [2]` for a notebook cell, `train.py` for a file, `<string>` for code with no file.
+        Where another file of the trace has the same base name, as much of the path as tells
+        them apart (`a/model.py`, `b/model.py`)."""
         if not filename:
             return ""
         named = self.source_names.get(filename)
         if named:
             return named
-        return filename if filename.startswith("<") else os.path.basename(filename)
+        if filename.startswith("<"):
+            return filename
+        parts = filename.replace("\\", "/").split("/")
+        others = [f.replace("\\", "/").split("/") for f in self.sources
+                  if f != filename and not f.startswith("<") and f not in self.source_names]
+        others = [o for o in others if o[-1] == parts[-1]]
+        depth = 1
+        while depth < len(parts) and any(o[-depth:] == parts[-depth:] for o in others):
+            depth += 1
+        return "/".join(p for p in parts[-depth:])
 
     def place(self, filename: Optional[str], line: Optional[int]) -> str:
         """Where a line is, as a person finds it: `In [2], line 16`, `train.py, line 41`."""
@@ -323,6 +361,47 @@ class Trace:
         from .render.text import text_report
         return text_report(self)
 
+    def grad_stats(self) -> Dict[str, Any]:
+        """Gradient health per parameter and per module, as plain data (JSON-ready).
+
+        Read from the gradients the capture reads anyway after backward calls 1, 2, 4, 8, ... and
+        the block's last ("the checked backward calls"), one pass each, and from each of those
+        leaves' own norm when the block ended. Empty lists when no backward ran.
+
+        {"steps": [{"op_index": int, "place": str}, ...],
+            the checked backward calls, in order: the index of the backward op in `ops` and where it is
+            ("train.py, line 14"). Every `norms` list below has one value per step.
+         "parameters": [{...}, ...], one per leaf whose gradient was read, and per trainable
+            parameter (of a module called in the block, or held by an optimizer) that got none:
+            "name": the parameter's dotted name (`net.0.weight`) or the tensor's name or description,
+            "module": the dotted name of the module that holds it (`net.0`), or None,
+            "shape": list of int, "dtype": str ("float32"), "is_parameter": bool (an nn.Parameter),
+            "norms": [float or None], the L2 norm of its .grad right after each step (None: that
+                backward did not reach it; NaN or Inf: the gradient held one),
+            "param_norm": float or None, the L2 norm of the tensor itself at the end of the block,
+            "ratio": float or None, the last finite norm over param_norm (None when param_norm is 0,
+                as for a bias initialised to zero: there is no own scale to judge it by),
+            "change": float or None, the last finite norm over the first (None with fewer than two),
+            "nonfinite_at": int or None, the first step (an index into steps) whose norm was NaN/Inf,
+            "flags": list of str, any of
+                "nan-or-inf": the gradient held NaN or Inf after some step;
+                "never-updated": no step gave it a gradient, or only zeros;
+                "vanishing": ratio below 2**-24 (an update at learning rate 1 is lost to float32
+                    rounding), or more than 1000 times below the median ratio of the list;
+                "exploding": ratio above 100 (an SGD step at learning rate 0.01 would move it by more
+                    than its own size)},
+         "modules": [{...}, ...], one per module that holds listed parameters, at every level of its
+            path (`net.0` and `net`), sorted by name: "name", "cls" (its class name), "module" (the
+            module that holds it, or None), "parameters" (the names of its listed parameters,
+            nested ones included), "norms", "param_norm", "ratio", "change", "nonfinite_at" as
+            above for all its parameters taken as one tensor (the root of the sum of their squared
+            norms), and "flags": every flag of its parameters,
+         "thresholds": {"vanishing_ratio": 2**-24, "vanishing_below_median": 1000.0,
+                        "exploding_ratio": 100.0}}
+        """
+        from .grad_stats import grad_stats
+        return grad_stats(self)
+
     def to_json(self) -> Dict[str, Any]:
         return {
             "ops": [asdict(op) for op in self.ops],
@@ -332,6 +411,7 @@ class Trace:
             "roots": list(self.roots),
             "error": self.error,
             "warnings": list(self.warnings),
+            "grad_stats": self.grad_stats(),
         }
 
     def show(self):

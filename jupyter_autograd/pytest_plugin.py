@@ -5,7 +5,8 @@
 With `--autograd`, each test's body runs under `jupyter_autograd.capture()`; a test that passed
 but whose code produced a problem diagnosis (a silent write through `.data`, an in-place write
 to a saved tensor, graphs kept alive across iterations, ...) fails with the plain-text report.
-A test that raised keeps its own failure, whose traceback carries the diagnosis as a note.
+A test that raised keeps its own failure, whose traceback carries the diagnosis as a note; the
+whole report is then a section of the failure ("Captured autograd call").
 `@pytest.mark.autograd_ok` exempts a test that means to do it. A test that passed while a part of
 the analysis failed gets an `AnalysisIncomplete` warning saying what was not checked.
 
@@ -48,6 +49,9 @@ class LiveTrace:
         from jupyter_autograd import capture
 
         self._capture = capture(namespace=namespace)
+        # The note that capture() puts on an exception ends "trace.report() has ...": a test has
+        # no `trace`. pytest_runtest_call puts its own, which says where the report is.
+        self._capture._note_exceptions = False
         self._trace = self._capture.__enter__()
         self._running = True
 
@@ -88,7 +92,7 @@ def pytest_runtest_call(item):
     try:
         result = yield
     except BaseException as exc:
-        live.stop(exc)  # the test failed on its own; capture adds the diagnosis to its traceback
+        _explain(item, exc, live.stop(exc))  # the test failed on its own: its traceback gets the diagnosis
         raise
     from jupyter_autograd.model import PROBLEM_KINDS
 
@@ -99,3 +103,20 @@ def pytest_runtest_call(item):
     if trace.warnings:  # passed, but only what was analysed: said in the warnings summary
         item.warn(AnalysisIncomplete(trace.report()))
     return result
+
+
+def _explain(item, exc, trace):
+    """The diagnosis that explains the test's exception as a note under its traceback (PEP 678), and
+    the whole report as a section of the failure, which the note points to. Never raises: the
+    test's own failure matters more."""
+    if not isinstance(exc, Exception) or not hasattr(exc, "add_note"):
+        return
+    try:
+        from jupyter_autograd.render.text import exception_note
+
+        note = exception_note(trace, '(the whole report is in the "Captured autograd call" section below)')
+        if note:
+            exc.add_note(note)
+            item.add_report_section("call", "autograd", trace.report())
+    except Exception:
+        pass

@@ -497,8 +497,8 @@ function render({ model, el: root }) {
       if (i === model.get("selected_diagnosis")) card.classList.add("ja-active");
       card.append(el("div", "ja-diag-title", d.title));
       const where = el("div", "ja-diag-where");
-      if (d.line) where.append(el("span", "ja-line-ref", "line " + d.line + ": "), el("code", null, d.source));
-      if (d.saved_line) where.append(el("br"), el("span", "ja-line-ref", "saved on line " + d.saved_line + ": "),
+      if (d.line) where.append(el("span", "ja-line-ref", d.place + ": "), el("code", null, d.source));
+      if (d.saved_line) where.append(el("br"), el("span", "ja-line-ref", d.saved_label + ": " + d.saved_place + ": "),
                                      el("code", null, d.saved_source));
       card.append(where, el("div", "ja-diag-message", d.message));
       const fix = el("div", "ja-diag-fix");

@@ -23,6 +23,7 @@ import os
 import pathlib
 import secrets
 import textwrap
+import sys
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -102,7 +103,7 @@ class AutogradWidget(anywidget.AnyWidget):
         self.summary = graph_summary(trace)
         self.error = trace.error or ""
         self.warnings = list(trace.warnings)
-        self.diagnoses = [_diagnosis_dict(d) for d in trace.diagnoses]
+        self.diagnoses = [_diagnosis_dict(trace, d) for d in trace.diagnoses]
         self.source_name = filename or layout.main_file(trace)
         self.source = [{"line": i, "text": text.rstrip("\n")}
                        for i, text in enumerate(trace.sources.get(self.source_name, []), 1)]
@@ -339,10 +340,15 @@ def _group_title(trace: Trace, name: str) -> str:
 
 
 
-def _diagnosis_dict(d) -> Dict:
+def _diagnosis_dict(trace: Trace, d) -> Dict:
+    """What a diagnosis's card shows. `line`/`saved_line` number the lines to mark in the source
+    pane; `place`/`saved_place` say where they are (`In [2], line 16`, `model.py, line 41`) and
+    `saved_label` what the second line is ("saved", "freed by", ...)."""
     return {"kind": d.kind, "title": d.title, "message": d.message, "fix": d.fix, "line": d.line or 0,
             "saved_line": d.saved_line or 0, "source": d.source, "saved_source": d.saved_source,
-            "tensor": d.tensor or "", "node": d.node or ""}
+            "place": trace.place(d.filename, d.line) if d.line else "",
+            "saved_place": trace.place(d.saved_filename or d.filename, d.saved_line) if d.saved_line else "",
+            "saved_label": d.saved_label, "tensor": d.tensor or "", "node": d.node or ""}
 
 
 # -- static pictures, for wherever the widget cannot live ------------------------------------------
@@ -396,10 +402,12 @@ def static_html(trace: Trace, scene: Optional[layout.Scene] = None) -> str:
     for d in trace.diagnoses:
         parts.append('<div style="border-left: 4px solid #e03131; padding: 4px 8px; margin: 6px 0">'
                      '<div style="font-weight: 700">%s</div>' % esc(d.title))
+        card = _diagnosis_dict(trace, d)
         if d.line:
-            parts.append('<div>line %d: <code>%s</code></div>' % (d.line, esc(d.source)))
+            parts.append('<div>%s: <code>%s</code></div>' % (esc(card["place"]), esc(d.source)))
         if d.saved_line:
-            parts.append('<div>saved on line %d: <code>%s</code></div>' % (d.saved_line, esc(d.saved_source)))
+            parts.append('<div>%s: %s: <code>%s</code></div>' % (esc(card["saved_label"]), esc(card["saved_place"]),
+                                                                 esc(d.saved_source)))
         parts.append('<div>%s</div><div><b>Fix:</b><pre style="margin: 2px 0; white-space: pre-wrap">%s</pre></div>'
                      '</div>' % (esc(d.message), esc(d.fix)))
     parts.append('<div style="white-space: pre-line; color: var(--jp-ui-font-color2, #495057)">%s</div>'
@@ -422,7 +430,18 @@ def warm_up() -> None:
 def display_trace(trace: Trace, filename: Optional[str] = None) -> None:
     """Show the static pictures and the widget as two outputs: the first stands in for the
     second wherever the widget cannot be drawn (no kernel, GitHub, nbconvert); where it can,
-    the widget's CSS hides the first."""
+    the widget's CSS hides the first. In a marimo notebook the same two, through marimo's own
+    output and its anywidget wrapper; with neither IPython nor marimo running (a script, a
+    terminal, a CI log), the text report."""
+    marimo = _running_marimo()
+    if marimo is not None:
+        widget = AutogradWidget(trace, filename=filename)
+        marimo.output.append(marimo.Html(static_html(trace)))
+        marimo.output.append(marimo.ui.anywidget(widget))
+        return
+    if _running_ipython() is None:
+        print(text_report(trace))
+        return
     from IPython.display import display
 
     widget = AutogradWidget(trace, filename=filename)
@@ -433,6 +452,21 @@ def display_trace(trace: Trace, filename: Optional[str] = None) -> None:
     except BaseException:  # never shown: ipywidgets would keep it, and the trace, for good
         widget.close()
         raise
+
+
+def _running_marimo():
+    """The marimo module when this runs in a marimo notebook, else None (never imported here)."""
+    marimo = sys.modules.get("marimo")
+    try:
+        return marimo if marimo is not None and marimo.running_in_notebook() else None
+    except Exception:  # another marimo than the one we know: not ours to show in
+        return None
+
+
+def _running_ipython():
+    """The running IPython shell, or None (IPython is not imported here when it is not loaded)."""
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
 
 
 def save_html(trace: Trace, path, filename: Optional[str] = None) -> pathlib.Path:

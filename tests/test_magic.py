@@ -1,5 +1,6 @@
 """%%autograd in a real InteractiveShell."""
 import os
+import re
 import signal
 import threading
 
@@ -56,6 +57,8 @@ def test_pytorch_error_is_the_same_as_without_the_magic(shell):
     # Line numbers are the notebook cell's: the magic is line 1, `y += 1` is line 5.
     assert (d.kind, d.tensor, d.line, d.saved_line, d.source) == ("saved-tensor-modified", "y", 5, 4, "y += 1")
     assert "y = y + 1" in cap.stdout and "saved at 0, now 1" in cap.stdout
+    # Each line with the cell Jupyter shows it in.
+    assert re.search(r"culprit: In \[\d+\], line 5: y \+= 1\n", cap.stdout), cap.stdout
 
 
 def test_output_flag_stores_the_trace(shell):
@@ -82,6 +85,10 @@ def test_help_and_question_mark(shell):
     assert "-o NAME" in cap.stdout and "Run the cell exactly as usual" in cap.stdout
     _, cap = run(shell, "%%autograd?")
     assert "Run the cell exactly as usual" in cap.stdout
+    # A cell magic's usage has two %: the line `%autograd -o NAME` does not exist.
+    for shown in (run(shell, "%%autograd -h\n1")[1].stdout, cap.stdout):
+        assert re.search(r"(?<!%)%autograd\b", shown) is None, shown
+        assert "%%autograd [-o NAME] [-q] [--text] [--nan]" in shown, shown
 
 
 def test_unknown_flag_is_a_usage_error(shell):

@@ -108,10 +108,16 @@ def test_with_the_flag_the_silent_corruption_fails_with_the_report(tmp_path):
     assert proc.returncode == 1
     failure = proc.stdout.split("test_sigmoid_gradient_is_computed ___", 1)[1].split("\n___", 1)[0]
     assert "the test's code breaks autograd" in failure
-    assert "[silent-data-mutation]" in failure and "culprit: line 16: out.data.zero_()" in failure
-    assert "saved:   line 15: out = a.sigmoid()" in failure
+    # Each line with its file, as pytest names the test's own (test_model.py:16).
+    assert "[silent-data-mutation]" in failure and "culprit: test_model.py, line 16: out.data.zero_()" in failure
+    assert "saved:   test_model.py, line 15: out = a.sigmoid()" in failure
     # The test that raised keeps its own error, with the diagnosis under its traceback.
     raised = proc.stdout.split("test_backward_after_an_inplace_write ___", 1)[1].split("\n___", 1)[0]
     assert "RuntimeError: one of the variables needed for gradient computation" in raised
     if sys.version_info >= (3, 11):
         assert "jupyter-autograd: A tensor saved for backward was modified in place (`y`)" in raised
+        # There is no `trace` in a test: the note points at what pytest shows, the whole report below it.
+        assert "trace.report()" not in raised
+        assert 'the whole report is in the "Captured autograd call" section below' in raised, raised
+    section = raised.split("Captured autograd call", 1)[1]
+    assert "1. [saved-tensor-modified]" in section and "version: saved at 0, now 1" in section, raised

@@ -1,5 +1,6 @@
 """The plain-text report and the note a script's traceback gets (PEP 678), as a user meets them."""
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -93,8 +94,8 @@ def test_every_scenario_that_raises_gets_the_note_of_its_diagnosis(path):
     note = exception_note(trace)
     if found:  # kinds not diagnosed yet have no note to give
         assert note and note.startswith("jupyter-autograd: " + found[0].title), note
-        assert "culprit: %s, line %d: " % (path.name, sc.culprit) in note or \
-            "culprit and saved: %s, line %d: " % (path.name, sc.culprit) in note, note
+        assert re.search(r"culprit(?::| and %s:) +%s, line %d: " % (found[0].saved_label, re.escape(path.name),
+                                                                 sc.culprit), note), note
 
 
 def test_no_note_on_an_exception_that_no_diagnosis_explains():
@@ -133,7 +134,7 @@ def test_a_one_line_cell_shows_its_line_once(tmp_path):
                       "        " + line + "\nexcept RuntimeError:\n    print(t.report())\n")
     assert proc.returncode == 0, proc.stderr
     report = proc.stdout
-    assert "[saved-tensor-modified]" in report and "culprit and saved: line 5: " + line in report
+    assert "[saved-tensor-modified]" in report and "culprit and saved: train.py, line 5: " + line in report
     assert report.count("y = a.exp()") == 1, report
 
 
@@ -180,7 +181,9 @@ def test_readme_sample_report_is_what_its_example_cell_prints(shell):
     cell = "\n".join(_readme_block("## In Jupyter\n\n```python\n%load_ext jupyter_autograd\n```"))
     assert cell.startswith("%%autograd\nimport torch\n"), cell
     with capture_output() as cap:
-        shell.run_cell(cell.replace("%%autograd", "%%autograd --text", 1))
+        # As in a notebook: the README's first cell loads the extension, the example is In [2].
+        shell.run_cell("%load_ext jupyter_autograd", store_history=True)
+        shell.run_cell(cell.replace("%%autograd", "%%autograd --text", 1), store_history=True)
     printed = "\n".join([cap.stdout] + [o.data.get("text/plain", "") for o in cap.outputs])
     _shown_in(_readme_block("jupyter-autograd says, in plain words"), printed)
 
@@ -190,3 +193,179 @@ def test_readme_sample_note_is_what_a_script_prints(tmp_path):
     sample = _readme_block("a script that dies in `backward()` says which")
     if HAS_NOTES:
         _shown_in(sample, proc.stderr)
+
+
+# -- where a line is, and what the second line is, in every output ---------------------------------
+
+MODEL_FILE = """\
+import torch
+
+
+def forward(x, w):
+    h = torch.sigmoid(x @ w)
+    h.mul_(2)
+    return h
+"""
+
+TRAIN_FILE = """\
+import torch
+import model
+
+
+def step():
+    w = torch.randn(3, 3, requires_grad=True)
+    out = model.forward(torch.randn(2, 3), w)
+    out.sum().backward()
+"""
+
+
+def _import(path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def two_files(tmp_path, monkeypatch):
+    """A training step in train.py whose write is in model.py: the lines are in another file than the block."""
+    (tmp_path / "model.py").write_text(MODEL_FILE)
+    (tmp_path / "train.py").write_text(TRAIN_FILE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "model", raising=False)
+    train = _import(tmp_path / "train.py")
+    with pytest.raises(RuntimeError) as raised:
+        with ja.capture() as trace:
+            train.step()
+    return trace, raised.value
+
+
+def test_every_output_names_the_file_of_each_line(two_files):
+    from jupyter_autograd.widget import _diagnosis_dict, static_html
+
+    trace, exc = two_files
+    (d,) = trace.diagnoses
+    assert (d.line, d.saved_line) == (6, 5)
+    culprit, saved = "model.py, line 6: h.mul_(2)", "model.py, line 5: h = torch.sigmoid(x @ w)"
+    report = trace.report()
+    assert "culprit: " + culprit in report and "saved:   " + saved in report, report
+    if HAS_NOTES:
+        assert "culprit: " + culprit in exc.__notes__[0]
+    card = _diagnosis_dict(trace, d)  # what the widget's card prints
+    assert (card["place"], card["saved_place"], card["saved_label"]) == ("model.py, line 6", "model.py, line 5", "saved")
+    page = static_html(trace)  # what save_html and a notebook without a kernel show
+    assert "model.py, line 6: <code>h.mul_(2)</code>" in page and "saved: model.py, line 5: <code>" in page, page
+
+
+def test_files_with_the_same_base_name_are_told_apart():
+    from jupyter_autograd.model import Trace
+
+    trace = Trace(sources={"/src/a/model.py": [], "/src/b/model.py": [], "/src/train.py": [], "<stdin>": []})
+    assert trace.place("/src/a/model.py", 3) == "a/model.py, line 3"
+    assert trace.file_label("/src/b/model.py") == "b/model.py"
+    assert trace.file_label("/src/train.py") == "train.py" and trace.file_label("<stdin>") == "<stdin>"
+    nested = Trace(sources={"/x/pkg/a/model.py": [], "/y/pkg/a/model.py": []})
+    assert nested.file_label("/x/pkg/a/model.py") == "x/pkg/a/model.py"
+
+
+SECOND_LINES = {  # a scenario of each kind that has a second line, and the words the report must label it with
+    "20_hidden_state_not_detached.py": ("graph-freed", "freed by"),
+    "24_sqrt_at_zero.py": ("nan-gradient", "in the backward"),
+    "09_exp_output_incremented.py": ("saved-tensor-modified", "saved"),
+    "04_data_alias_silent.py": ("silent-data-mutation", "saved"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SECOND_LINES))
+def test_the_second_line_says_what_it_is(name):
+    from jupyter_autograd.widget import _diagnosis_dict, static_html
+
+    path = next(p for p in FILES if p.name == name)
+    sc = runner.load(str(path))
+    _, _, trace = runner.execute(sc.source, sc.path, captured=True, options=sc.options)
+    kind, label = SECOND_LINES[name]
+    d = next(d for d in trace.diagnoses if d.kind == kind)
+    assert d.saved_line and (not sc.saved or d.saved_line in sc.saved)
+    where = "%s, line %d: %s" % (path.name, d.saved_line, d.saved_source)
+    report = trace.report()
+    assert re.search(r"\n   %s: +%s\n" % (re.escape(label), re.escape(where)), report), report
+    if label != "saved":
+        assert "saved: " not in report, report
+    assert _diagnosis_dict(trace, d)["saved_label"] == label
+    assert "%s: %s, line %d: <code>" % (label, path.name, d.saved_line) in static_html(trace)
+
+
+# -- a name is said once -------------------------------------------------------------------------
+
+class _Cell(torch.nn.Module):
+    """A recurrent cell that keeps its state on itself and writes it in place after saving it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        self.h1 = torch.sigmoid(self.lin(x))
+        self.h1.mul_(2)
+        return self.h1
+
+
+def _unroll(steps):
+    cell = _Cell()
+    x = torch.randn(2, 3)
+    for _ in range(steps):
+        x = cell(x)
+    x.sum().backward()
+
+
+def test_a_write_in_a_cell_called_in_a_loop_names_its_tensor_once():
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        with ja.capture() as trace:
+            _unroll(5)
+    (d,) = trace.diagnoses
+    assert d.tensor == "self.h1" and d.kind == "saved-tensor-modified"
+    assert "`self.h1`, `self.h1`" not in trace.report()
+    assert "in 4 more runs of this line" in d.message, d.message
+    assert d.also == ()  # no other tensor: the same one, made again by each call
+
+
+def _two_layers():
+    enc = torch.nn.Linear(4, 4)
+    dec = torch.nn.Linear(4, 1)
+    y = dec(torch.relu(enc(torch.randn(2, 4))))
+    y.sum().backward()
+    return enc, dec
+
+
+def _layers_in_a_loop():
+    layers = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)]
+    x = torch.randn(2, 4)
+    for layer in layers:
+        x = layer(x)
+    x.sum().backward()
+    return layers
+
+
+def _leaf_names(trace):
+    return [trace.tensor_label(n.variable) for n in trace.nodes.values() if n.variable is not None]
+
+
+def test_two_layers_of_one_class_made_in_a_function_go_by_their_own_names():
+    with ja.capture() as trace:
+        enc, dec = _two_layers()
+    assert sorted(_leaf_names(trace)) == ["dec.bias", "dec.weight", "enc.bias", "enc.weight"]
+    # The oracle: each name is the parameter of the layer it says.
+    by_name = {trace.tensors[n.variable].name: n.variable for n in trace.nodes.values() if n.variable is not None}
+    assert trace.tensors[by_name["dec.weight"]].shape == tuple(dec.weight.shape) == (1, 4)
+
+
+def test_layers_called_from_one_line_are_told_apart():
+    with ja.capture() as trace:
+        layers = _layers_in_a_loop()
+    names = _leaf_names(trace)
+    assert len(set(names)) == len(names) == 4, names
+    summary = trace.summary()
+    leaves = summary.split("Leaves that get .grad: ", 1)[1]
+    assert len(set(leaves.rstrip(".\n").split(", "))) == 4, summary

@@ -6,6 +6,8 @@ import functools
 import gc
 import io
 import linecache
+import math
+import os
 import re
 import tokenize
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -135,22 +137,36 @@ def freeze(recorder, namespaces: Iterable[dict]):
         recorder.user_globals = {}  # never hold the user's namespaces (or modules) past the block
         recorder.modules = {}
         recorder.open_calls = []
-    recorder.nonfinite = {}
+    recorder.nonfinite, recorder.grad_norms, recorder.leaf_norms = {}, {}, {}
     try:
-        if recorder.unchecked_backward is not None:  # the last backward of a long loop: check it now
-            index, leaves = recorder.unchecked_backward
-            grads = [(t_id, g) for t_id, g in ((t_id, _grad_of(recorder, t_id)) for t_id in leaves) if g is not None]
-            if grads:
-                recorder.gradient_flags.append((index, nan_watch.nonfinite_flags(grads)))
-            recorder.unchecked_backward = None
-        for index, flags in recorder.gradient_flags:
-            for t_id in nan_watch.read_flags(flags):
-                recorder.nonfinite.setdefault(t_id, index)
+        _read_gradient_norms(recorder)
     except Exception as exc:
-        recorder.lose("reading whether gradients hold NaN or Inf", exc,
-                      "non-finite gradients of leaves were not looked for")
-    recorder.gradient_flags = []
+        recorder.lose("reading the gradients after backward", exc, "non-finite gradients of leaves were not "
+                      "looked for, and trace.grad_stats() has no norms")
     return live, names
+
+
+def _read_gradient_norms(recorder):
+    """The gradient norms taken after the checked backward calls (the last one's now, if a long loop
+    left it unchecked), read at last: recorder.nonfinite (the first backward after which each leaf's
+    gradient held NaN/Inf), recorder.grad_norms (tid -> [(backward op index, norm)]), and the norm
+    of each of those leaves now, the scale its gradient is judged against (Trace.grad_stats)."""
+    recorder.nonfinite, recorder.grad_norms, recorder.leaf_norms = {}, {}, {}
+    if recorder.unchecked_backward is not None:  # the last backward of a long loop: check it now
+        index, leaves = recorder.unchecked_backward
+        grads = [(t_id, g) for t_id, g in ((t_id, _grad_of(recorder, t_id)) for t_id in leaves) if g is not None]
+        if grads:
+            recorder.gradient_norms.append((index, nan_watch.norms_of(grads)))
+        recorder.unchecked_backward = None
+    for index, norms in recorder.gradient_norms:
+        for t_id, norm in nan_watch.read_norms(norms):
+            if not math.isfinite(norm):
+                recorder.nonfinite.setdefault(t_id, index)
+            recorder.grad_norms.setdefault(t_id, []).append((index, norm))
+    recorder.gradient_norms = []
+    leaves = [(t_id, t) for t_id, t in ((t_id, recorder.refs[t_id]()) for t_id in recorder.grad_norms)
+              if t is not None and (t.is_floating_point() or t.is_complex())]
+    recorder.leaf_norms = dict(nan_watch.read_norms(nan_watch.norms_of(leaves)))
 
 
 def _graph_of(t):
@@ -189,26 +205,82 @@ def _outermost_modules(recorder):
 
 def _name_outermost_modules(recorder, module_names, trees):
     """A module that no namespace names (a model made inside a function) goes by the callee of the
-    line that called it (recorded by the forward pre-hook), when that line calls exactly one thing
-    that can be a module: `logits = model(x)` names it `model`, `h = self.encoder(x)`
-    `self.encoder`. Otherwise by its class name: never by a guess."""
+    line that called it (recorded by the forward pre-hook): `logits = model(x)` names it `model`,
+    `h = self.encoder(x)` `self.encoder`, `y = dec(torch.relu(enc(x)))` `dec` (the call itself is
+    read where its columns are known). Otherwise by its class name: never by a guess. Modules that
+    would share a name (two `Linear`s, the layers of a list called by one line) are told apart by
+    the order of their first calls, `layer (call 2)`, and a note says where each was called."""
     call_sites = getattr(recorder, "module_call_sites", {})
+    roots = {}  # id(module) -> (module, name, named by a namespace)
     for module, index in _outermost_modules(recorder):
         if id(module) in module_names:
+            roots[id(module)] = (module, module_names[id(module)], True)
             continue
+        callee = None
         site = call_sites.get(id(module))
-        if site is None:
-            continue
-        filename, line, columns = site
-        text = linecache.getline(filename, line)
-        if columns is not None:  # the call itself, out of its line
-            first, end = columns
-            text = text.encode("utf-8")[first:end].decode("utf-8", "replace")
-        callee = _single_callee(text.strip())
-        if callee:
-            module_names[id(module)] = callee
-            for module_id, dotted in _module_tree(module, callee, trees).modules:
+        if site is not None:
+            filename, line, columns = site
+            text = linecache.getline(filename, line)
+            if columns is not None:  # the call itself, out of its line
+                first, end = columns
+                callee = _callee_of_call(text.encode("utf-8")[first:end].decode("utf-8", "replace").strip())
+            callee = callee or _single_callee(text.strip())
+        roots[id(module)] = (module, callee or type(module).__name__, False)
+    by_name = {}
+    for module, name, _ in roots.values():
+        by_name.setdefault(name, []).append(module)
+    notes = []
+    for name, modules in by_name.items():
+        if len(modules) > 1:
+            places = []
+            for k, module in enumerate(modules, 1):
+                if not roots[id(module)][2]:
+                    roots[id(module)] = (module, "%s (call %d)" % (name, k), False)
+                site = call_sites.get(id(module))
+                if site is not None:
+                    places.append("call %d on line %d of %s" % (k, site[1], os.path.basename(site[0])))
+            notes.append("%d different modules go by `%s`: each is named after the order of its first call "
+                         "(%s)." % (len(modules), name, ", ".join(places) or "no call line known"))
+    recorder.module_name_notes = notes
+    for module, name, from_namespace in roots.values():
+        if not from_namespace:
+            module_names[id(module)] = name
+            for module_id, dotted in _module_tree(module, name, trees).modules:
                 module_names.setdefault(module_id, dotted)
+
+
+def _callee_of_call(text: str) -> Optional[str]:
+    """The module a call expression calls: `dec` for `dec(torch.relu(enc(x)))`, `net.0` for
+    `net[0](x)`; None when the text is not one call of a name, an attribute or an element."""
+    try:
+        call = ast.parse(_without_comment(text), mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(call, ast.Call):
+        return None
+    callee = _module_path(call.func)
+    if not callee or callee.partition(".")[0] in _NOT_MODULES or callee.rpartition(".")[2].endswith("_"):
+        return None
+    return callee
+
+
+def _module_path(node) -> Optional[str]:
+    """`self.encoder`, `net.0` for `net[0]`: a name with attributes and integer indexes, as dotted
+    module paths are written; None for anything else."""
+    parts = []
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+                and type(node.slice.value) is int and node.slice.value >= 0:
+            parts.append(str(node.slice.value))
+            node = node.value
+        else:
+            break
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id] + parts[::-1])
 
 
 _NOT_MODULES = {"torch", "F", "nn", "np", "math", "len", "print", "float", "int", "sum", "max", "min", "abs",
@@ -342,6 +414,7 @@ def build_trace(recorder, live, names, error: Optional[str] = None, error_at=Non
         trace.kept = {t_id: (first, last) for t_id, (first, last) in recorder.kept.seen.items() if t_id in trace.tensors}
         calls = recorder.function_calls
         trace.function_calls = [(calls[i], calls[i + 1]) for i in range(0, len(calls), 2)]
+        trace.notes.extend(getattr(recorder, "module_name_notes", ()))
         if recorder.nan_origin is not None:
             backward, key, name, facts = recorder.nan_origin
             trace.nan_origin = {"backward": backward, "node": key, "name": name, "facts": facts}
@@ -430,7 +503,8 @@ def _tensors(recorder, trace, live, names_found):
                           created_by=created_by, base=base, data_alias_of=alias_of,
                           first_requires_grad=bool(requires_grad), owner=recorder.param_owner.get(t_id),
                           optimized=t_id in recorder.optimized, is_parameter=t_id in recorder.parameters,
-                          stepped_with_grad=t_id in recorder.stepped_with_grad, nonfinite_after=recorder.nonfinite.get(t_id))
+                          stepped_with_grad=t_id in recorder.stepped_with_grad, nonfinite_after=recorder.nonfinite.get(t_id),
+                          grad_norms=recorder.grad_norms.get(t_id, []), norm=recorder.leaf_norms.get(t_id))
         if t_id in live:
             info.alive = True
             info.requires_grad, info.is_leaf, info.grad_fn, info.node, ref, info.version, info.elements = live[t_id]
@@ -443,7 +517,7 @@ def _referenced_tensors(recorder, live, names_found) -> set:
     """After folding, the tensors anything kept still mentions. The others were made and used
     only by folded ops (whose records no longer list them): a long loop leaves millions."""
     wanted = set(live) | set(names_found) | set(recorder.param_owner) | set(recorder.optimized)
-    wanted |= set(recorder.nonfinite)
+    wanted |= set(recorder.nonfinite) | set(recorder.grad_norms)
     wanted |= set(recorder.kept.seen)
     for rec in recorder.ops:
         if rec[OP_IN] or rec[OP_OUT]:

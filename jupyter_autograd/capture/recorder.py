@@ -610,7 +610,7 @@ class Recorder(TorchFunctionMode):
         self.retained = {}             # backward op index -> whether that call kept the graph's buffers
         self.walked_nodes = ()         # grad_fn nodes of the last backward's walk (for check_nan), dropped at once
         self.walked_leaves = ()        # tids of the leaves that walk reached
-        self.gradient_flags = []       # (backward op index, [(tid, device flag: gradient not finite)])
+        self.gradient_norms = []       # (backward op index, [(tid, gradient norm: a float, or a 0-d device tensor)])
         self.backward_count = 0        # backward() calls so far (autograd.grad ones too)
         self.unchecked_backward = None  # (op index, leaf tids) of the last backward, if its gradients were not checked
         self.nan_origin = None         # with check_nan: where backward first made a NaN/Inf (nan_watch.py)
@@ -1286,9 +1286,9 @@ class Recorder(TorchFunctionMode):
         part.stepped_with_grad = set(self.stepped_with_grad)
         part.freeing_backwards = {i - start for i in self.freeing_backwards if i >= start}
         part.too_deep = part.folded = part.folded_backwards = 0
-        # The nested block's own backward calls: their gradient flags, in its numbering (a shared
-        # list would also take the flags its end adds).
-        part.gradient_flags = [(i - start, flags) for i, flags in self.gradient_flags if i >= start]
+        # The nested block's own backward calls: their gradient norms, in its numbering (a shared
+        # list would also take the norms its end adds).
+        part.gradient_norms = [(i - start, norms) for i, norms in self.gradient_norms if i >= start]
         part.unchecked_backward = (None if self.unchecked_backward is None or self.unchecked_backward[0] < start
                                    else (self.unchecked_backward[0] - start, self.unchecked_backward[1]))
         part.folded_upto = part.fold_at = sys.maxsize  # nothing more is recorded into it
@@ -1344,10 +1344,11 @@ class Recorder(TorchFunctionMode):
         return result
 
     def _note_gradients(self, func, result):
-        """Flag non-finite gradients of the leaves this backward reached, without a device sync:
-        the flags stay device tensors until the block ends (see build.py). Reading every gradient
-        costs a pass over its memory, so a long loop checks backward calls 1, 2, 4, 8, ... and the
-        last one (at the end of the block): a NaN that spreads to the weights is still found."""
+        """The norms of the gradients of the leaves this backward reached (non-finite where a NaN or
+        an Inf is, and Trace.grad_stats() data), without a device sync: they stay device tensors
+        until the block ends (see build.py). Reading every gradient costs a pass over its memory, so
+        a long loop checks backward calls 1, 2, 4, 8, ... and the last one (at the end of the
+        block): a NaN that spreads to the weights is still found."""
         index = len(self.ops) - 1
         self.backward_count += 1
         if self.backward_count & (self.backward_count - 1):
@@ -1367,7 +1368,7 @@ class Recorder(TorchFunctionMode):
                     grads.append((tid, g))
         self.walked_leaves = ()
         if grads:
-            self.gradient_flags.append((index, nan_watch.nonfinite_flags(grads)))
+            self.gradient_norms.append((index, nan_watch.norms_of(grads)))
 
     def _checkpoint_before_backward(self, func, args, kwargs):
         """Inspect the graph about to be run: the diagnosis must exist even if backward raises."""

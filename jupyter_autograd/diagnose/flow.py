@@ -11,7 +11,7 @@ import ast
 import re
 from typing import Dict, List, Optional, Set
 
-from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, where
+from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, starved_fix, where
 from ..model import FREEZE_SETTER, GRAD_MODE_SWITCHES, Checkpoint, Diagnosis, OpRecord, Trace
 from .paths import (FunctionCalls, ancestors, at_caller, at_maker, descendants, engine_order, exit_before, first_use,
                     is_cut, leading_to, node_at, stops_after, switch_left_on)
@@ -638,8 +638,7 @@ def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis
                    "the loss (%s). Its `.grad` stays None and the optimizer skips it, silently." % (
                        name, "is held by an optimizer" if info.optimized else "belongs to `%s`, whose other "
                        "parameters get gradients" % info.owner, where(cut), why))
-        fix = ("%s %s, so that `%s` gets a gradient. If it should not be trained, freeze it on purpose "
-               "(`requires_grad_(False)`)." % (NO_ONE_LINE_FIX, advice, name))
+        fix = starved_fix(name, cut, _without_exit(cut.location.source) if cut.location else None, advice)
         out.append(_diag("missing-grad", cut, message, fix, tensor=name, tids=(info.tid,)))
     out = _one_per_cut(out)
     if unused:

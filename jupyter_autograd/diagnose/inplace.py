@@ -9,8 +9,8 @@ from __future__ import annotations
 import bisect
 from typing import Dict, List, Optional, Tuple
 
-from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, backward_outcome, code, data_fix, data_swap_fix,
-                     describe_write, inplace_fix, leaf_fix, line_ref, where)
+from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, also_changed, backward_outcome, code, counted,
+                     data_fix, data_swap_fix, describe_write, inplace_fix, leaf_fix, line_ref, where)
 from ..model import DATA_SWAP, Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
 from .paths import engine_order, reachable
 
@@ -141,10 +141,9 @@ def _merge_same_write(trace: Trace, diagnoses: List[Diagnosis], ranks: Dict[int,
         others = [d.tensor or trace.tensor_label(d.tids[0] if d.tids else None) for d in group[1:]
                   if not (d.tids and first.tids and d.tids[0] == first.tids[0])]
         if others:
-            shown = ", ".join("`%s`" % o for o in others[:6]) + (", ..." if len(others) > 6 else "")
-            first.message += " The same write also changed %d more saved tensor%s: %s." % (
-                len(others), "" if len(others) == 1 else "s", shown)
-            first.also = tuple(others)
+            first.message += " The same write also changed %s." % also_changed(
+                first.tensor or trace.tensor_label(first.tids[0] if first.tids else None), others)
+            first.also = tuple(name for name, _ in counted(others) if name != first.tensor)
             first.tids = tuple(dict.fromkeys(first.tids + tuple(t for d in group[1:] for t in d.tids)))
         merged.append(first)
     return merged

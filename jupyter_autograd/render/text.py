@@ -2,7 +2,6 @@
 script's traceback gets when a diagnosis explains its exception."""
 from __future__ import annotations
 
-import os
 import textwrap
 from collections import Counter
 from typing import List, Optional
@@ -44,6 +43,8 @@ def graph_summary(trace: Trace) -> str:
              "Graph: %d nodes (%s%s), %d saved tensor%s." % (len(trace.nodes), common or "none", more, saved,
                                                             "" if saved == 1 else "s")]
     if leaves:
+        # Tensors with no name of their own can share a description: each is said once, counted.
+        leaves = ["%s (x%d)" % (name, n) if n > 1 else name for name, n in Counter(leaves).items()]
         shown = ", ".join(leaves[:8]) + (", ..." if len(leaves) > 8 else "")
         parts.append("Leaves that get .grad: %s." % shown)
     return "\n".join(parts)
@@ -80,7 +81,7 @@ def text_report(trace: Trace, width: int = 100) -> str:
     for i, d in enumerate(trace.diagnoses, 1):
         lines.append("")
         lines.append("%d. [%s] %s" % (i, d.kind, d.title))
-        lines.extend(_lines_of(d, "   "))
+        lines.extend(_lines_of(trace, d, "   "))
         shown = [s for s in (d.source, d.saved_source) if s]
         if d.saved_version is not None and d.kind == "saved-tensor-modified":
             lines.append("   version: saved at %s, now %s (%s)" % (d.saved_version, d.current_version, d.node))
@@ -94,21 +95,24 @@ def text_report(trace: Trace, width: int = 100) -> str:
     return "\n".join(lines)
 
 
-def exception_note(trace: Trace) -> Optional[str]:
+WHOLE_REPORT = "(trace.report() has the whole diagnosis)"
+
+
+def exception_note(trace: Trace, whole_report: str = WHOLE_REPORT) -> Optional[str]:
     """A few lines for the traceback of a block that raised (PEP 678 `add_note`): the diagnosis
     that explains the exception, its lines and the start of its fix. None when no diagnosis is
-    about this exception."""
+    about this exception. `whole_report`, its last line, says where the user finds the rest."""
     error = trace.error or ""
     for d in trace.diagnoses:
         quoted = d.kind == "backward-error" and error and error.split(": ", 1)[-1].split("\n")[0].strip() in d.message
         if d.kind in PROBLEM_KINDS and (quoted or any(words in error for words in EXPLAINS.get(d.kind, ()))):
             lines = ["jupyter-autograd: %s" % d.title]
-            lines.extend(_lines_of(d, "  ", with_file=True))
+            lines.extend(_lines_of(trace, d, "  "))
             fix = fix_lines(_short_fix(d.fix), 100, "  ")
             if fix:
                 lines.append("  fix: " + fix[0].strip())
                 lines.extend(fix[1:])
-            lines.append("  (trace.report() has the whole diagnosis)")
+            lines.append("  " + whole_report)
             return "\n".join(lines)
     return None
 
@@ -124,22 +128,18 @@ def fix_lines(fix: str, width: int, indent: str) -> List[str]:
     return out
 
 
-def _lines_of(d: Diagnosis, indent: str, with_file: bool = False) -> List[str]:
-    def place(filename, line):
-        name = os.path.basename(filename) if with_file and filename and not filename.startswith("<") else ""
-        return "%s, line %d" % (name, line) if name else "line %d" % line
-
-    culprit = (d.filename, d.line, d.source) if d.line is not None else None
-    saved = (d.saved_filename or d.filename, d.saved_line, d.saved_source) if d.saved_line is not None else None
-    if culprit and saved and culprit[:2] == saved[:2]:
+def _lines_of(trace: Trace, d: Diagnosis, indent: str) -> List[str]:
+    """The culprit line and the second line, each with its file or cell (`In [2], line 16`) and
+    labelled with what it is (Diagnosis.saved_label), the labels padded to one width."""
+    culprit = (trace.place(d.filename, d.line), d.source) if d.line is not None else None
+    saved = (trace.place(d.saved_filename or d.filename, d.saved_line), d.saved_source) \
+        if d.saved_line is not None else None
+    if culprit and saved and culprit[0] == saved[0]:
         # One line did both (a one-line cell, or a model whose forward saves and then writes).
-        return ["%sculprit and saved: %s: %s" % (indent, place(*culprit[:2]), culprit[2])]
-    out = []
-    if culprit:
-        out.append("%sculprit: %s: %s" % (indent, place(*culprit[:2]), culprit[2]))
-    if saved:
-        out.append("%ssaved:   %s: %s" % (indent, place(*saved[:2]), saved[2]))
-    return out
+        return ["%sculprit and %s: %s: %s" % (indent, d.saved_label, culprit[0], culprit[1])]
+    rows = [(label, where) for label, where in (("culprit", culprit), (d.saved_label, saved)) if where]
+    width = max((len(label) for label, _ in rows), default=0) + 1
+    return ["%s%s %s: %s" % (indent, (label + ":").ljust(width), place, source) for label, (place, source) in rows]
 
 
 def _without_repeats(text: str, shown: List[str]) -> str:
