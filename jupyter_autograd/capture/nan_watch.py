@@ -69,9 +69,7 @@ def _cpu_norm(g) -> float:
 def _device_norm(g):
     """A 0-d tensor on g's device, without a sync. Summed in float64 where the device has it, so no
     finite float32 or half gradient overflows: the norm is not finite exactly when a value is not."""
-    g = g.detach()
-    if g.layout != torch.strided:  # sparse COO, CSR and friends, jagged nested tensors: their values
-        g = g._values() if g.is_sparse else g.values()
+    g = _values(g.detach())  # a nested tensor's components are padded with zeros: the same norm
     if g.is_complex():
         g = torch.view_as_real(g)
     if g.numel() == 0:
