@@ -688,9 +688,10 @@ def _line_boxes(trace: Trace, scene: Scene, children: List[str]) -> List[str]:
         while key[1] and j < len(ordered) and line_of(ordered[j]) == key:
             j += 1
         run = ordered[i:j]
-        if key[1] and len(run) >= LINE_BOX_MIN:
+        # (a run longer than a box may hold is a loop on one line: chunks say more about it)
+        if key[1] and LINE_BOX_MIN <= len(run) <= MAX_CHILDREN and len(run) < len(ordered):
             first = scene.items[run[0]]
-            source = trace.source_line(*key) or ""
+            source = trace.source_line(*key).strip()
             box_id = "l:%d" % int(first.pos)
             label = where(int(first.pos)) + (": " + source if source else "")
             scene.boxes[box_id] = Box(box_id, "line", _clip(label), "%d nodes" % len(run), source or label, ROOT,
