@@ -52,10 +52,20 @@ function fixBlock(text) {
     }
     code = null;
     const para = el("div", "ja-fix-text");
-    line.split("`").forEach((part, i) => { if (part) para.append(i % 2 ? el("code", null, part) : document.createTextNode(part)); });
+    line.split("`").forEach((part, i) => { if (part) para.append(i % 2 ? inlineCode(part) : document.createTextNode(part)); });
     out.append(para);
   }
   return out;
+}
+
+// Inline code may break after a dot or an opening bracket (a long dotted name), never elsewhere.
+function inlineCode(text) {
+  const code = el("code");
+  text.split(/(?<=[.(\[,])/).forEach((piece, i) => {
+    if (i) code.append(el("wbr"));
+    code.append(document.createTextNode(piece));
+  });
+  return code;
 }
 
 function parseScene(raw) {
@@ -91,13 +101,18 @@ function rowsOf(layers) {
   return rows;
 }
 
-// The nearest ancestor that scrolls: what the notebook shows of the page at once.
+// How tall the part of the page is that the notebook shows at once: its scrolling panel (the
+// outermost ancestor that scrolls: an output area may scroll too), within the window.
 function visibleHeight(node) {
-  for (let p = node.parentElement; p; p = p.parentElement) {
+  let scroller = null;
+  for (let p = node.parentElement; p && p !== document.body; p = p.parentElement) {
     const oy = getComputedStyle(p).overflowY;
-    if ((oy === "auto" || oy === "scroll") && p.clientHeight > 200) return p.clientHeight;
+    if (oy === "auto" || oy === "scroll") scroller = p;
   }
-  return window.innerHeight || 800;
+  const inner = window.innerHeight || 800;
+  if (!scroller) return inner;
+  const r = scroller.getBoundingClientRect();
+  return Math.max(200, Math.min(r.bottom, inner) - Math.max(r.top, 0));
 }
 
 function render({ model, el: root }) {
@@ -875,8 +890,15 @@ function render({ model, el: root }) {
       source.append(row);
     });
     layoutSide();
-    // Scroll the panel only, never the page.
-    if (target) source.scrollTop = Math.max(0, target.offsetTop - source.offsetTop - source.clientHeight / 3);
+    sourceTarget = target;
+    scrollSource();
+  }
+  // Scroll the panel only, never the page; again once the panel has its size.
+  let sourceTarget = null;
+  function scrollSource() {
+    if (!sourceTarget || !source.clientHeight) return;
+    const at = sourceTarget.getBoundingClientRect().top - source.getBoundingClientRect().top;
+    source.scrollTop = Math.max(0, source.scrollTop + at - source.clientHeight / 3);
   }
   function onPlaces() {
     const places = model.get("highlight_places") || [];
@@ -1005,6 +1027,8 @@ function render({ model, el: root }) {
     } else applyView();
   });
   sizeWatch.observe(pane);
+  const sourceWatch = new ResizeObserver(scrollSource);
+  sourceWatch.observe(source);
   model.on("change:summary", drawSummary);
   model.on("change:error", drawSummary);
   model.on("change:diagnoses", drawDiagnoses);
@@ -1022,6 +1046,7 @@ function render({ model, el: root }) {
   model.on("change:sources", drawSource);
   return () => {
     sizeWatch.disconnect();
+    sourceWatch.disconnect();
     window.removeEventListener("pointermove", onMove);
     window.removeEventListener("pointerup", onUp);
   };

@@ -87,7 +87,9 @@ class AutogradWidget(anywidget.AnyWidget):
         self.error = trace.error or ""
         self.diagnoses = [_diagnosis_dict(d) for d in trace.diagnoses]
         self.sources = _sources(trace, filename)
-        self.source_name = filename or layout.main_file(trace)
+        # The culprit's file first (a module's bug is often in an earlier cell); else the block's.
+        culprit = next((d.filename for d in trace.diagnoses if d.filename in self.sources), None)
+        self.source_name = culprit or filename or layout.main_file(trace)
         self._steps = timeline.steps_of(trace)
         self.n_steps = len(self._steps)
         self.iterations = timeline.iterations_of(trace, self._steps)

@@ -273,7 +273,8 @@ def test_source_panel_shows_the_culprits_cell_and_the_cell_that_ran():
     """The adapter's bug is in In [2]; the %%autograd cell is In [3]: the panel opens on In [2]
     with both lines marked, and offers In [3]."""
     trace = case("gpt2")
-    w = AutogradWidget(trace)
+    block = next(f for f, name in trace.source_names.items() if name == "In [3]")
+    w = AutogradWidget(trace, filename=block)  # as %%autograd makes it
     d = trace.diagnoses[0]
     labels = {f: (s["label"], s["role"]) for f, s in w.sources.items()}
     assert labels[d.filename] == ("In [2]", "culprit") and ("In [3]", "block") in labels.values()
@@ -320,6 +321,15 @@ def test_timeline_reads_by_line_and_iteration():
     assert "mlp.0.weight" in w.step_info["chips"][0][2] and "optimizer step" in w.step_info["note"]
     w.step = w.problem_step
     assert w.step_info["source"] == "total_loss += loss" and w.step_info["chips"][0][1] == "written"
+
+
+def test_the_problem_step_is_in_the_iteration_of_the_problem():
+    """The RNN's second iteration begins inside a line run (`out, state = rnn(x, state)` runs
+    several ops before the one that starts the forward): the run is that iteration's first step."""
+    w = AutogradWidget(case("rnn"))
+    assert len(w.iterations) == 2 and w.problem_step >= w.iterations[1]
+    w.step = w.iterations[1]
+    assert w.step_info["source"] == "out, state = rnn(x, state)" and w.step_info["iteration"] == 1
 
 
 def fake_grad_stats(trace):

@@ -9,7 +9,7 @@ are one chip, not one per parameter.
 """
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from typing import Dict, List, Tuple
 
 from ..model import OpRecord, Trace
@@ -39,11 +39,11 @@ def _where(op: OpRecord):
 
 
 def iterations_of(trace: Trace, steps: List[Tuple[int, int]]) -> List[int]:
-    """The index of the first step of each iteration."""
+    """The index of the first step of each iteration: the step holding its first op."""
     firsts = [first for first, _ in steps]
     out = []
     for start in iteration_starts(trace):
-        at = bisect_left(firsts, start)
+        at = max(0, bisect_right(firsts, start) - 1)
         if at < len(steps) and (not out or at > out[-1]):
             out.append(at)
     return out or [0]
