@@ -377,6 +377,7 @@ function render({ model, el: root }) {
       g.append(sv("title", {}, (b.name || b.label) + (b.sub ? " (" + b.sub + ")" : "") +
                                (p.open ? ": click the title to close" : ": click to open")));
       g.append(sv("rect", { x: p.x, y: p.y, width: p.w, height: p.h, rx: 6, class: "ja-box-rect" }));
+      let titleGroup = null;
       if (p.open) {
         g.append(sv("rect", { x: p.x, y: p.y, width: p.w, height: HEADER_H, rx: 6, class: "ja-box-header" }));
         // The title is drawn above the contents and stays in sight while the box is (sticky).
@@ -387,6 +388,7 @@ function render({ model, el: root }) {
         label.append(sv("tspan", { class: "ja-box-sub" }, "  " + b.sub));
         t.append(sv("title", {}, (b.name || b.label) + ": click to close"), bg, label);
         titleLayer.append(t);
+        titleGroup = t;
         stickies.push({ p, t, bg, label, depth: ancestry(id).length });
       } else {
         g.append(sv("text", { x: p.x + 8, y: p.y + BOX_H / 2 - 2, class: "ja-box-label" }, "+ " + b.label));
@@ -400,9 +402,9 @@ function render({ model, el: root }) {
         const bx = p.x + p.w - BADGE_W - 4, by = p.y + 6;
         bar.append(sv("title", {}, h[2]), sv("rect", { x: bx, y: by, width: BADGE_W - 4, height: 8, rx: 2, class: "ja-health-track" }),
                    sv("rect", { x: bx, y: by, width: Math.max(2, (BADGE_W - 4) * frac), height: 8, rx: 2, class: "ja-health-bar" }));
-        if (flagged) bar.append(sv("text", { x: bx + (BADGE_W - 4) / 2, y: by + 20, class: "ja-health-mark" }, "!"));
-        (p.open ? titleLayer : g).append(bar);
-        if (p.open) stickies[stickies.length - 1].bar = bar;
+        if (flagged) bar.append(sv("text", { x: bx - 3, y: by + 8, class: "ja-health-mark" }, "!"));
+        (titleGroup || g).append(bar);
+        if (titleGroup) stickies[stickies.length - 1].bar = bar;
       }
       boxLayer.append(g);
     }

@@ -488,7 +488,10 @@ def test_saved_html_works_from_disk_without_a_server(page, tmp_path):
         s = model[1](h)
         s += 1  # "<img src=x onerror=alert(1)>"
         loss = model[2](s).sum()
+    flagged = {"name": "model.1", "norms": [1e-12], "flags": ["vanishing"], "ratio": 1e-12, "parameters": []}
+    trace.grad_stats = lambda: {"steps": [], "parameters": [], "modules": [flagged], "thresholds": {}}
     path = save_html(trace, tmp_path / "report.html")
+    del trace.grad_stats
     requests, errors = [], []
     page.on("request", lambda r: requests.append(r.url))
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -496,9 +499,27 @@ def test_saved_html_works_from_disk_without_a_server(page, tmp_path):
     page.wait_for_selector("body[data-ready='1'] .ja-root [data-id]", timeout=30_000)
     root = page.locator(".ja-root")
     assert "A tensor saved for backward was modified in place" in root.locator(".ja-diagnosis").inner_text()
-    root.locator('.ja-node[data-id^="fn-"]').first.click()
-    page.wait_for_function("() => document.querySelector('.ja-details-title').textContent.length > 0")
-    assert "accumulates into" in root.locator(".ja-details").inner_text()
+    root.locator(".ja-find").fill("model.0.weight")  # in a closed box: find opens it
+    page.wait_for_selector('.ja-found[data-id^="fn-"]', timeout=5_000)
+    root.locator(".ja-found").click()
+    page.wait_for_function("() => document.querySelector('.ja-details-title').textContent === 'model.0.weight'")
+    assert "AccumulateGrad into .grad" in root.locator(".ja-details").inner_text()
+    # The legend says what the graph draws; shapes ride on edges; the flagged module's bar is red.
+    legend = root.locator(".ja-legend").inner_text()
+    assert "parameter (gets .grad)" in legend and "gradient health" in legend
+    assert root.locator(".ja-edge-label").count() > 0
+    bar = root.locator('.ja-box[data-id="m:model.1"] .ja-health-flagged, .ja-box-title[data-id="m:model.1"] .ja-health-flagged')
+    assert bar.count() == 1 and "vanishing" in bar.locator("title").text_content()
+    # An open box's title stays in sight when the box's left edge is panned out of view.
+    title = root.locator('.ja-box-title[data-id="m:model.1"]')
+    left = float(root.locator('.ja-box.ja-open[data-id="m:model.1"] .ja-box-rect').get_attribute("x"))
+    root.locator(".ja-graph").click(position={"x": 3, "y": 3})
+    for _ in range(20):
+        if float(root.locator("svg.ja-svg").get_attribute("viewBox").split()[0]) > left + 30:
+            break
+        page.keyboard.press("ArrowRight")
+    view_x = float(root.locator("svg.ja-svg").get_attribute("viewBox").split()[0])
+    assert view_x > left + 30 and float(title.locator(".ja-box-label").get_attribute("x")) >= view_x
     root.locator(".ja-find").fill("loss")
     page.wait_for_selector(".ja-found", timeout=5_000)
     root.locator(".ja-slider").fill("1")

@@ -333,13 +333,24 @@ def test_the_problem_step_is_in_the_iteration_of_the_problem():
 
 
 def fake_grad_stats(trace):
-    """The shape trace.grad_stats() returns (see render/health.py): norms per checked backward."""
-    return {"backwards": [op.index for op in trace.ops if op.is_backward][:2],
-            "parameters": {"mlp.0.weight": {"norms": [1e-9, 2e-9], "flags": ["vanishing"], "change": 0.0},
-                           "mlp.0.bias": {"norms": [1e-9, 1e-9], "flags": ["vanishing"]},
-                           "mlp.4.weight": {"norms": [0.5, 0.4], "flags": []}},
-            "modules": {"mlp.0": {"norms": [1.4e-9, 2.2e-9], "flags": ["vanishing"]},
-                        "mlp.4": {"norms": [0.5, 0.4], "flags": []}}}
+    """What trace.grad_stats() returns (its docstring on the report branch; not on main yet):
+    steps, then per parameter and per module a norm per step, ratios, flags."""
+    backward = [op.index for op in trace.ops if op.is_backward]
+    steps = [{"op_index": backward[0], "place": "In [2], line 12"}, {"op_index": backward[-1], "place": "In [2], line 12"}]
+
+    def entry(name, norms, flags, **more):
+        return dict({"name": name, "norms": norms, "flags": flags, "ratio": norms[-1] / 2.0, "change": norms[-1] / norms[0],
+                     "param_norm": 2.0, "nonfinite_at": None}, **more)
+    return {"steps": steps,
+            "parameters": [entry("mlp.0.weight", [1e-9, 2e-9], ["vanishing"], module="mlp.0", shape=[32, 16]),
+                           entry("mlp.0.bias", [1e-9, 1e-9], ["vanishing"], module="mlp.0", shape=[32]),
+                           entry("mlp.4.weight", [0.5, 0.4], [], module="mlp.4", shape=[1, 32])],
+            "modules": [entry("mlp", [0.5, 0.4], ["vanishing"], cls="Sequential", module=None,
+                              parameters=["mlp.0.weight", "mlp.0.bias", "mlp.4.weight"]),
+                        entry("mlp.0", [1.4e-9, 2.2e-9], ["vanishing"], cls="Linear", module="mlp",
+                              parameters=["mlp.0.weight", "mlp.0.bias"]),
+                        entry("mlp.4", [0.5, 0.4], [], cls="Linear", module="mlp", parameters=["mlp.4.weight"])],
+            "thresholds": {"vanishing_ratio": 2 ** -24, "vanishing_below_median": 1000.0, "exploding_ratio": 100.0}}
 
 
 def test_gradient_health_on_module_boxes_and_in_details():
@@ -358,7 +369,9 @@ def test_gradient_health_on_module_boxes_and_in_details():
         w.selected = box
         rows = dict(map(tuple, w.details["rows"]))
         assert rows["health"] == "vanishing" and rows["grad norm"] == "1: 1.4e-09, 2: 2.2e-09"
-        assert w.details["tables"][0]["rows"][0] == ["weight", "2e-09", "vanishing"]
+        assert rows["why"] == ("vanishing: |grad| / |param| = 1.1e-09, below 5.96e-08 (an update at learning rate 1 is "
+                               "lost to float32 rounding)")
+        assert w.details["tables"][0]["rows"] == [["weight", "2e-09", "vanishing"], ["bias", "1e-09", "vanishing"]]
         w.selected = next(row[0] for row in w.scene["items"] if row[5] == "mlp.0.weight")
         assert dict(map(tuple, w.details["rows"]))["health"] == "vanishing"
     finally:
