@@ -424,9 +424,29 @@ def static_html(trace: Trace, scene: Optional[layout.Scene] = None) -> str:
                  % esc(graph_summary(trace)))
     if scene.note:
         parts.append('<div style="color: var(--jp-ui-font-color2, #495057)">%s</div>' % esc(scene.note))
+    parts.append(_static_legend(scene))
     parts.append('<div style="overflow: auto; max-height: 640px; border: 1px solid var(--jp-border-color2, #dee2e6)">'
                  + draw.to_svg(scene) + "</div></div>")
     return "".join(parts)
+
+
+def _static_legend(scene: layout.Scene) -> str:
+    """One line: a swatch and a few words for each colour and line the picture draws."""
+    from .render import draw
+
+    entries = []
+    for kind, words in draw.legend(scene):
+        fill, stroke = draw.STYLE.get(kind, draw.STYLE["box"])
+        if kind == "path":
+            swatch = '<span style="display:inline-block;width:14px;border-top:2px solid %s"></span>' % draw.PROBLEM
+        elif kind == "shape":
+            swatch = '<span style="font-size:10px">[2, 8]</span>'
+        else:
+            swatch = ('<span style="display:inline-block;width:14px;height:10px;background:%s;border:1px %s %s">'
+                      '</span>' % (fill, "dashed" if kind in ("box", "fold", "cut") else "solid", stroke))
+        entries.append('<span style="margin-right:12px;white-space:nowrap">%s %s</span>' % (swatch, html.escape(words)))
+    return '<div class="ja-static-legend" style="font-size:11px; color: var(--jp-ui-font-color2, #495057)">%s</div>' \
+        % "".join(entries)
 
 
 def display_trace(trace: Trace, filename: Optional[str] = None) -> None:

@@ -137,6 +137,7 @@ def test_static_fallbacks_png_html_and_text():
     assert "application/vnd.jupyter.widget-view+json" in data
     html = data["text/html"]
     assert "A tensor saved for backward was modified in place" in html and "y += 1" in html and "<svg" in html
+    assert "tensor saved for backward" in html and "the line that broke it" in html  # the legend
     # A Trace as a cell's result shows the same.
     trace_bundle = trace._repr_mimebundle_()
     assert "image/png" in (trace_bundle[0] if isinstance(trace_bundle, tuple) else trace_bundle)
