@@ -375,6 +375,8 @@ def _node_shape(trace: Trace, key: int) -> str:
     op = trace.ops[n.created_by]
     if op.node != key or not op.outputs:
         return ""  # one of several nodes of one op (an RNN's steps): which output is not known
+    if len(op.outputs) == 1:
+        return _shape(trace, op.outputs[0])
     shapes = {_shape(trace, tid) for tid in op.outputs}
     return shapes.pop() if len(shapes) == 1 else ""
 
