@@ -1,14 +1,26 @@
 // Front end of AutogradWidget. Python sends the scene (items, module boxes, the layers of each
-// box laid out, edges) as plain lists; this file places and draws it as SVG elements, opens and
-// closes boxes, zooms and pans (the viewBox), finds names, all without the kernel. It sets four
-// inputs: `selected` (a click on a node), `selected_diagnosis`, `step`, and `expanded` (a box
-// opened that Python has not laid out yet). Every string goes into the page with textContent.
+// box laid out, the route points of long edges, edges with the shapes they carry) as plain
+// lists; this file places and draws it as SVG elements, opens and closes boxes, zooms and pans
+// (the viewBox), finds names, all without the kernel. It sets four inputs: `selected` (a click
+// on a node), `selected_diagnosis`, `step`, and `expanded` (a box opened that Python has not
+// laid out yet). Every string goes into the page with textContent.
+//
+// The first screen shows the problem: the pane is as tall as the screen has room for, and the
+// view starts at 100% (the smallest text at 11 px) on the problem's nodes, with as much of the
+// way up to the loss as fits, off the overview map (render/layout.py's first_view does the same).
 
 const SVG = "http://www.w3.org/2000/svg";
 // The same numbers as render/layout.py, so the static picture looks like this one.
 const NODE_H = 36, BOX_H = 40, HEADER_H = 22, PAD = 10, GAP_X = 16, GAP_Y = 30, ROW_MAX = 8;
-const CHAR_W = 7, MIN_W = 64, MAX_W = 250;
-const MIN_READABLE = 1; // the first view's scale: 11 px sublabels stay at 11 px (the issue's minimum)
+const CHAR_W = 7, MIN_W = 64, MAX_W = 250, ROUTE = "~", ROUTE_W = 8;
+const READABLE_ZOOM = 1, MARGIN = 16, MINIMAP_W = 96, MINIMAP_H = 110, MINIMAP_INSET = 6;
+const TEXT_ZOOM = 0.45; // below it the labels would be a smear: shapes only (hover still names them)
+const BADGE_W = 30;     // the gradient-health bar on a module box (render/health.py)
+const LEGEND = [["tensor", "named result"], ["fn", "backward op"], ["leaf", "parameter (gets .grad)"],
+                ["saved", "tensor saved for backward"], ["write", "the line that broke it"],
+                ["cut", "the line that cut the chain"], ["fold", "other iterations"],
+                ["box", "module / line: click to open"], ["path", "way to the loss"],
+                ["shape", "shape of the gradient"], ["health", "gradient health (red: flagged)"]];
 
 function el(tag, cls, text) {
   const node = document.createElement(tag);
@@ -28,6 +40,34 @@ function textWidth(label, sub) {
   return Math.max(MIN_W, Math.min(MAX_W, Math.max(label.length * CHAR_W, (sub || "").length * CHAR_W * 0.9) + 20));
 }
 
+// Prose wraps at spaces; code lines (indented by four) stay whole and scroll sideways.
+function fixBlock(text) {
+  const out = el("div", "ja-fix-body");
+  let code = null;
+  for (const line of String(text).split("\n")) {
+    if (line.startsWith("    ")) {
+      if (!code) { code = el("pre", "ja-fix-code"); out.append(code); code.textContent = line.slice(4); }
+      else code.textContent += "\n" + line.slice(4);
+      continue;
+    }
+    code = null;
+    const para = el("div", "ja-fix-text");
+    line.split("`").forEach((part, i) => { if (part) para.append(i % 2 ? inlineCode(part) : document.createTextNode(part)); });
+    out.append(para);
+  }
+  return out;
+}
+
+// Inline code may break after a dot or an opening bracket (a long dotted name), never elsewhere.
+function inlineCode(text) {
+  const code = el("code");
+  text.split(/(?<=[.(\[,])/).forEach((piece, i) => {
+    if (i) code.append(el("wbr"));
+    code.append(document.createTextNode(piece));
+  });
+  return code;
+}
+
 function parseScene(raw) {
   const items = new Map(), boxes = new Map();
   for (const [id, kind, label, sub, parent, name, problem] of raw.items || []) {
@@ -36,8 +76,43 @@ function parseScene(raw) {
   for (const [id, kind, label, sub, parent, name, count, laid] of raw.boxes || []) {
     boxes.set(id, { id, kind, label, sub, parent, name, count, laid: !!laid });
   }
-  return { items, boxes, layers: raw.layers || {}, edges: raw.edges || [], open: raw.open || [],
-           focus: raw.focus || [], path: raw.path || [], note: raw.note || "" };
+  const routes = new Map();
+  for (const [box, list] of Object.entries(raw.routes || {})) {
+    for (const [u, v, chain] of list) routes.set(u + "\u0000" + v, chain);
+  }
+  return { items, boxes, layers: raw.layers || {}, edges: raw.edges || [], open: raw.open || [], routes,
+           core: raw.core || [], focus: raw.focus || [], path: raw.path || [], note: raw.note || "",
+           names: raw.names || [] };
+}
+
+// A layer wider than ROW_MAX things wraps into rows; route points do not count (layout.rows_of).
+function rowsOf(layers) {
+  const rows = [];
+  for (const layer of layers) {
+    let row = [], count = 0;
+    for (const c of layer) {
+      const real = !c.startsWith(ROUTE);
+      if (real && count === ROW_MAX) { rows.push(row); row = []; count = 0; }
+      row.push(c);
+      if (real) count += 1;
+    }
+    rows.push(row);
+  }
+  return rows;
+}
+
+// How tall the part of the page is that the notebook shows at once: its scrolling panel (the
+// outermost ancestor that scrolls: an output area may scroll too), within the window.
+function visibleHeight(node) {
+  let scroller = null;
+  for (let p = node.parentElement; p && p !== document.body; p = p.parentElement) {
+    const oy = getComputedStyle(p).overflowY;
+    if (oy === "auto" || oy === "scroll") scroller = p;
+  }
+  const inner = window.innerHeight || 800;
+  if (!scroller) return inner;
+  const r = scroller.getBoundingClientRect();
+  return Math.max(200, Math.min(r.bottom, inner) - Math.max(r.top, 0));
 }
 
 function render({ model, el: root }) {
@@ -49,10 +124,16 @@ function render({ model, el: root }) {
   // carry it too (below).
   root.setAttribute("data-lm-suppress-shortcuts", "true");
   const header = el("div", "ja-header");
-  header.append(el("span", "ja-title", "jupyter-autograd"), el("span", "ja-summary"));
-  const summary = header.lastChild;
+  const title = el("div", "ja-title");
+  const summaryBox = el("details", "ja-summary");
+  const summaryHead = el("summary", "ja-summary-head");
+  const summaryRest = el("div", "ja-summary-rest");
+  summaryBox.append(summaryHead, summaryRest);
+  header.append(title, summaryBox);
   const error = el("div", "ja-error");
   const lost = el("div", "ja-warnings"); // what a failed part of the analysis lost
+  const errorText = el("span", "ja-error-text"), errorWhy = el("span", "ja-error-why");
+  error.append(errorText, errorWhy);
   const diagList = el("div", "ja-diagnoses");
   const main = el("div", "ja-main");
   const graphCol = el("div", "ja-graph-col");
@@ -63,16 +144,17 @@ function render({ model, el: root }) {
   find.setAttribute("aria-label", "find in the graph");
   const findInfo = el("span", "ja-find-info");
   const buttons = {};
-  for (const [key, label, title] of [["fit", "Fit", "fit the graph to the pane (key 0)"],
-                                     ["one", "100%", "actual size (key 1)"],
-                                     ["in", "+", "zoom in (key +)"], ["out", "\u2212", "zoom out (key -)"],
-                                     ["focus", "Problem", "back to the first view"]]) {
+  for (const [key, label, tip] of [["fit", "Fit", "as much of the graph as fits with readable text (key 0)"],
+                                   ["one", "100%", "actual size (key 1)"],
+                                   ["in", "+", "zoom in (key +)"], ["out", "\u2212", "zoom out (key -)"],
+                                   ["focus", "Problem", "back to the first view"]]) {
     const b = el("button", "ja-btn ja-btn-" + key, label);
     b.type = "button";
-    b.title = title;
+    b.title = tip;
     buttons[key] = b;
   }
   toolbar.append(find, findInfo, buttons.fit, buttons.one, buttons.in, buttons.out, buttons.focus);
+  const legend = el("div", "ja-legend");
   const note = el("div", "ja-note");
   const pane = el("div", "ja-graph");
   pane.tabIndex = 0;
@@ -89,19 +171,33 @@ function render({ model, el: root }) {
   const miniView = sv("rect", { class: "ja-minimap-view" });
   mini.append(miniUse, miniView);
   pane.append(svg, mini);
-  graphCol.append(toolbar, note, pane);
+  graphCol.append(toolbar, legend, note, pane);
+  const side = el("div", "ja-side");
+  const sourceBox = el("div", "ja-source-box");
+  const sourceTabs = el("div", "ja-source-tabs");
+  const source = el("div", "ja-source");
+  sourceBox.append(sourceTabs, source);
   const details = el("div", "ja-details");
-  main.append(graphCol, details);
+  side.append(sourceBox, details);
+  main.append(graphCol, side);
   const timeline = el("div", "ja-timeline");
+  const timeHead = el("div", "ja-time-head");
+  const iterPrev = el("button", "ja-btn ja-iter-prev", "\u2039"), iterNext = el("button", "ja-btn ja-iter-next", "\u203a");
+  iterPrev.type = iterNext.type = "button";
+  iterPrev.title = "the iteration before"; iterNext.title = "the next iteration";
+  const iterLabel = el("span", "ja-iter-label");
+  const iterBox = el("span", "ja-iter");
+  iterBox.append(iterPrev, iterLabel, iterNext);
   const slider = el("input", "ja-slider");
   slider.type = "range";
-  slider.min = "-1"; // -1: before the first operation, so the thumb never sits at a random place
+  slider.min = "-1"; // -1: before the first step, so the thumb never sits at a random place
   slider.value = "-1";
+  slider.setAttribute("aria-label", "step of the timeline");
   for (const focusable of [find, pane, slider]) focusable.setAttribute("data-lm-suppress-shortcuts", "true");
   const stepLabel = el("div", "ja-step");
-  timeline.append(el("span", "ja-caption", "timeline"), slider, stepLabel);
-  const source = el("div", "ja-source");
-  root.append(header, lost, error, diagList, main, timeline, source);
+  timeHead.append(el("span", "ja-caption", "timeline"), iterBox, slider);
+  timeline.append(timeHead, stepLabel);
+  root.append(header, lost, error, diagList, main, timeline);
 
   // -- the scene and what is open ------------------------------------------------------------------
   let scene = parseScene(model.get("scene"));
@@ -112,6 +208,8 @@ function render({ model, el: root }) {
   let positioned = false;
   let pendingReveal = null;
   let found = [], foundAt = -1;
+  let stickies = [];
+  const health = model.get("grad_health") || {};
 
   function isBox(id) { return scene.boxes.has(id); }
   function parentOf(id) {
@@ -119,13 +217,8 @@ function render({ model, el: root }) {
     return t ? t.parent : null;
   }
   function isOpen(id) { const b = scene.boxes.get(id); return !!(b && b.laid && openSet.has(id)); }
-  function children(box) {
-    const rows = [];
-    for (const layer of scene.layers[box] || []) {
-      for (let i = 0; i < layer.length; i += ROW_MAX) rows.push(layer.slice(i, i + ROW_MAX));
-    }
-    return rows;
-  }
+  function rows(box) { return rowsOf(scene.layers[box] || []); }
+  function badge(b) { return b.kind === "module" && health[b.name] ? BADGE_W : 0; }
   // What stands for `id` on screen: itself, or the outermost closed box holding it.
   function stand(id) {
     if (!scene.items.has(id) && !scene.boxes.has(id)) return null;
@@ -137,6 +230,7 @@ function render({ model, el: root }) {
     }
     return best || id;
   }
+  function ancestry(id) { const out = [id]; for (let p = parentOf(id); p; p = parentOf(p)) out.push(p); return out; }
 
   function place() {
     const sizes = new Map();
@@ -145,20 +239,21 @@ function render({ model, el: root }) {
       if (sizes.has(id)) return sizes.get(id);
       let s;
       const it = scene.items.get(id);
-      if (it) s = [textWidth(it.label, it.sub), NODE_H];
+      if (id.startsWith(ROUTE)) s = [ROUTE_W, 0];
+      else if (it) s = [textWidth(it.label, it.sub), NODE_H];
       else {
         const b = scene.boxes.get(id);
         if (isOpen(id)) {
           const [w, h] = contentSize(id);
-          s = [Math.max(w + 2 * PAD, textWidth(b.label + "  " + b.sub)), h + HEADER_H + 2 * PAD];
-        } else s = [textWidth(b.label + " +", b.sub), BOX_H];
+          s = [Math.max(w + 2 * PAD, textWidth(b.label + "  " + b.sub) + badge(b)), h + HEADER_H + 2 * PAD];
+        } else s = [textWidth(b.label + " +", b.sub) + badge(b), BOX_H];
       }
       sizes.set(id, s);
       return s;
     }
     function contentSize(box) {
       let w = 0, h = 0;
-      for (const r of children(box)) {
+      for (const r of rows(box)) {
         w = Math.max(w, r.reduce((a, c) => a + size(c)[0], 0) + GAP_X * (r.length - 1));
         h += Math.max(...r.map((c) => size(c)[1])) + GAP_Y;
       }
@@ -166,15 +261,18 @@ function render({ model, el: root }) {
     }
     function put(box, x0, y0, width) {
       let y = y0;
-      for (const r of children(box)) {
+      for (const r of rows(box)) {
         const rowW = r.reduce((a, c) => a + size(c)[0], 0) + GAP_X * (r.length - 1);
         const rowH = Math.max(...r.map((c) => size(c)[1]));
         let x = x0 + (width - rowW) / 2;
         for (const c of r) {
           const [w, h] = size(c);
-          const open = isOpen(c);
-          placed.set(c, { x, y, w, h, box: isBox(c), open });
-          if (open) put(c, x + PAD, y + HEADER_H + PAD, w - 2 * PAD);
+          if (c.startsWith(ROUTE)) placed.set(c, { x, y, w, h: rowH, route: true });
+          else {
+            const open = isOpen(c);
+            placed.set(c, { x, y, w, h, box: isBox(c), open });
+            if (open) put(c, x + PAD, y + HEADER_H + PAD, w - 2 * PAD);
+          }
           x += w + GAP_X;
         }
         y += rowH + GAP_Y;
@@ -184,16 +282,81 @@ function render({ model, el: root }) {
     put("", 0, 0, contentW);
   }
 
-  function curve(a, b) {
-    let x1 = a.x + a.w / 2, y1 = a.y + a.h, x2 = b.x + b.w / 2, y2 = b.y;
-    if (y2 <= y1) {
-      const right = b.x > a.x;
-      x1 = right ? a.x + a.w : a.x; y1 = a.y + a.h / 2;
-      x2 = right ? b.x : b.x + b.w; y2 = b.y + b.h / 2;
-      return `M${x1} ${y1}L${x2} ${y2}`;
+  // The route points of the edge from the drawn thing a down to b (layout.route_of): out of each
+  // open box holding a, between the two siblings holding them, into each open box holding b.
+  function routeOf(a, b) {
+    const upA = ancestry(a), upB = ancestry(b);
+    const inB = new Set(upB);
+    const i = upA.findIndex((x) => !parentOf(x) || inB.has(parentOf(x)));
+    if (i < 0) return [];
+    const parent = parentOf(upA[i]) || "";
+    const j = upB.findIndex((y) => (parentOf(y) || "") === parent);
+    if (j < 0) return [];
+    const lane = (u, v) => scene.routes.get(u + "\u0000" + v) || [];
+    const chain = [];
+    for (const x of upA.slice(0, i)) chain.push(...lane(x, ""));
+    chain.push(...lane(upA[i], upB[j]));
+    for (const y of upB.slice(0, j).reverse()) chain.push(...lane("", y));
+    return chain;
+  }
+  function edgePoints(a, b, ida, idb) {
+    const pts = [[a.x + a.w / 2, a.y + a.h]];
+    for (const r of routeOf(ida, idb)) {
+      const p = placed.get(r);
+      if (p) pts.push([p.x + p.w / 2, p.y], [p.x + p.w / 2, p.y + p.h]);
     }
-    const dy = Math.max(12, (y2 - y1) / 2);
-    return `M${x1} ${y1}C${x1} ${y1 + dy} ${x2} ${y2 - dy} ${x2} ${y2}`;
+    pts.push([b.x + b.w / 2, b.y]);
+    return pts;
+  }
+  function curve(pts) {
+    let d = `M${pts[0][0]} ${pts[0][1]}`;
+    for (let i = 1; i < pts.length; i++) {
+      const [xa, ya] = pts[i - 1], [xb, yb] = pts[i];
+      if (xa === xb || yb <= ya) d += `L${xb} ${yb}`;
+      else { const dy = Math.max(6, (yb - ya) / 2); d += `C${xa} ${ya + dy} ${xb} ${yb - dy} ${xb} ${yb}`; }
+    }
+    return d;
+  }
+
+  // Shapes on edges, where they fit: in the gap between two rows, clear of nodes and of each other.
+  function shapeLabels(edges) {
+    const cell = 120, grid = new Map();
+    const key = (x, y) => Math.floor(x / cell) + ":" + Math.floor(y / cell);
+    function add(r) {
+      for (let gx = Math.floor(r[0] / cell); gx <= Math.floor(r[2] / cell); gx++) {
+        for (let gy = Math.floor(r[1] / cell); gy <= Math.floor(r[3] / cell); gy++) {
+          const k = gx + ":" + gy;
+          if (!grid.has(k)) grid.set(k, []);
+          grid.get(k).push(r);
+        }
+      }
+    }
+    function free(r) {
+      for (let gx = Math.floor(r[0] / cell); gx <= Math.floor(r[2] / cell); gx++) {
+        for (let gy = Math.floor(r[1] / cell); gy <= Math.floor(r[3] / cell); gy++) {
+          for (const o of grid.get(gx + ":" + gy) || []) {
+            if (r[0] < o[2] && o[0] < r[2] && r[1] < o[3] && o[1] < r[3]) return false;
+          }
+        }
+      }
+      return true;
+    }
+    for (const [id, p] of placed) if (!p.route && !(p.box && p.open)) add([p.x, p.y, p.x + p.w, p.y + p.h]);
+    for (const [id, p] of placed) if (p.box && p.open) add([p.x, p.y, p.x + p.w, p.y + HEADER_H]);
+    const out = [];
+    for (const { pts, shape } of edges) {
+      if (!shape) continue;
+      // the segment that leaves the upper node: the gap under it
+      const [x1, y1] = pts[0], [x2, y2] = pts[1];
+      if (y2 - y1 < 20) continue;
+      const w = shape.length * 6.2 + 6, h = 14;
+      const x = (x1 + x2) / 2 + 4, y = y1 + Math.min(18, (y2 - y1) / 2) - h / 2;
+      const r = [x - 2, y, x + w, y + h];
+      if (!free(r)) continue;
+      add(r);
+      out.push([x, y + h - 3, shape]);
+    }
+    return out;
   }
 
   function drawGraph() {
@@ -201,31 +364,56 @@ function render({ model, el: root }) {
     place();
     const boxLayer = sv("g", { class: "ja-boxes" });
     const edgeLayer = sv("g", { class: "ja-edges" });
+    const labelLayer = sv("g", { class: "ja-edge-labels" });
     const nodeLayer = sv("g", { class: "ja-nodes" });
+    const titleLayer = sv("g", { class: "ja-titles" });
+    stickies = [];
+    const healthy = Object.values(health).map((h) => h[0]).filter((v) => v > 0).map(Math.log10);
+    const lo = Math.min(...healthy, 0), hi = Math.max(...healthy, lo + 1);
     for (const [id, p] of placed) {
       if (!p.box) continue;
       const b = scene.boxes.get(id);
-      const g = sv("g", { class: "ja-box" + (p.open ? " ja-open" : " ja-closed") + (b.kind === "chunk" ? " ja-chunk" : "") });
+      const g = sv("g", { class: "ja-box" + (p.open ? " ja-open" : " ja-closed") + " ja-box-" + b.kind });
       g.dataset.id = id;
       g.append(sv("title", {}, (b.name || b.label) + (b.sub ? " (" + b.sub + ")" : "") +
                                (p.open ? ": click the title to close" : ": click to open")));
       g.append(sv("rect", { x: p.x, y: p.y, width: p.w, height: p.h, rx: 6, class: "ja-box-rect" }));
+      let titleGroup = null;
       if (p.open) {
         g.append(sv("rect", { x: p.x, y: p.y, width: p.w, height: HEADER_H, rx: 6, class: "ja-box-header" }));
-        const t = sv("text", { x: p.x + 8, y: p.y + HEADER_H - 6, class: "ja-box-label" }, "\u2212 " + b.label);
-        t.append(sv("tspan", { class: "ja-box-sub" }, "  " + b.sub));
-        g.append(t);
+        // The title is drawn above the contents and stays in sight while the box is (sticky).
+        const t = sv("g", { class: "ja-box-title" });
+        t.dataset.id = id;
+        const bg = sv("rect", { x: p.x, y: p.y, width: p.w, height: HEADER_H, rx: 6, class: "ja-title-bg" });
+        const label = sv("text", { x: p.x + 8, y: p.y + HEADER_H - 6, class: "ja-box-label" }, "\u2212 " + b.label);
+        label.append(sv("tspan", { class: "ja-box-sub" }, "  " + b.sub));
+        t.append(sv("title", {}, (b.name || b.label) + ": click to close"), bg, label);
+        titleLayer.append(t);
+        titleGroup = t;
+        stickies.push({ p, t, bg, label, depth: ancestry(id).length });
       } else {
         g.append(sv("text", { x: p.x + 8, y: p.y + BOX_H / 2 - 2, class: "ja-box-label" }, "+ " + b.label));
         g.append(sv("text", { x: p.x + 8, y: p.y + BOX_H - 7, class: "ja-box-sub" }, b.sub));
+      }
+      const h = b.kind === "module" ? health[b.name] : null;
+      if (h) {
+        const flagged = h[1] && h[1].length;
+        const frac = h[0] > 0 ? Math.max(0.08, (Math.log10(h[0]) - lo) / (hi - lo)) : 0;
+        const bar = sv("g", { class: "ja-health" + (flagged ? " ja-health-flagged" : "") });
+        const bx = p.x + p.w - BADGE_W - 4, by = p.y + 6;
+        bar.append(sv("title", {}, h[2]), sv("rect", { x: bx, y: by, width: BADGE_W - 4, height: 8, rx: 2, class: "ja-health-track" }),
+                   sv("rect", { x: bx, y: by, width: Math.max(2, (BADGE_W - 4) * frac), height: 8, rx: 2, class: "ja-health-bar" }));
+        if (flagged) bar.append(sv("text", { x: bx - 3, y: by + 8, class: "ja-health-mark" }, "!"));
+        (titleGroup || g).append(bar);
+        if (titleGroup) stickies[stickies.length - 1].bar = bar;
       }
       boxLayer.append(g);
     }
     const pathPairs = new Set();
     const pathStands = scene.path.map(stand).filter((s) => s !== null);
     for (let i = 0; i + 1 < pathStands.length; i++) pathPairs.add(pathStands[i] + "\u0000" + pathStands[i + 1]);
-    const seen = new Set();
-    for (const [u, v, kind] of scene.edges) {
+    const seen = new Set(), drawn = [];
+    for (const [u, v, kind, shape] of scene.edges) {
       const a = stand(u), b = stand(v);
       if (a === null || b === null || a === b) continue;
       const key = a + "\u0000" + b;
@@ -233,11 +421,15 @@ function render({ model, el: root }) {
       seen.add(key);
       const pa = placed.get(a), pb = placed.get(b);
       if (!pa || !pb) continue;
+      const pts = pb.y > pa.y ? edgePoints(pa, pb, a, b) : null;
+      const d = pts ? curve(pts) : sideways(pa, pb);
       const cls = "ja-edge ja-edge-" + kind + (pathPairs.has(key) ? " ja-path" : "");
-      edgeLayer.append(sv("path", { d: curve(pa, pb), class: cls, "marker-end": `url(#${uid}-arrow)` }));
+      edgeLayer.append(sv("path", { d, class: cls, "marker-end": `url(#${uid}-arrow)` }));
+      if (pts && kind === "next") drawn.push({ pts, shape });
     }
+    for (const [x, y, text] of shapeLabels(drawn)) labelLayer.append(sv("text", { x, y, class: "ja-edge-label" }, text));
     for (const [id, p] of placed) {
-      if (p.box) continue;
+      if (p.box || p.route) continue;
       const it = scene.items.get(id);
       const g = sv("g", { class: "ja-node ja-kind-" + it.kind + (it.problem ? " ja-problem" : "") });
       g.dataset.id = id;
@@ -247,29 +439,79 @@ function render({ model, el: root }) {
       if (it.sub) g.append(sv("text", { x: p.x + p.w / 2, y: p.y + 29, class: "ja-node-sub" }, it.sub));
       nodeLayer.append(g);
     }
-    content.replaceChildren(boxLayer, edgeLayer, nodeLayer);
+    content.replaceChildren(boxLayer, edgeLayer, labelLayer, nodeLayer, titleLayer);
     note.textContent = placed.size ? scene.note : "No autograd graph was recorded: nothing in the block required grad.";
     note.style.display = note.textContent ? "" : "none";
+    drawLegend();
     markNodes();
     applyView();
     const ms = performance.now() - started;
     root.dataset.renderMs = ms.toFixed(1);
     if (!root.dataset.firstRenderMs) root.dataset.firstRenderMs = ms.toFixed(1);
   }
+  function sideways(a, b) {
+    const right = b.x > a.x;
+    return `M${right ? a.x + a.w : a.x} ${a.y + a.h / 2}L${right ? b.x : b.x + b.w} ${b.y + b.h / 2}`;
+  }
+
+  function drawLegend() {
+    const kinds = new Set([...scene.items.values()].map((x) => x.kind));
+    if (scene.boxes.size) kinds.add("box");
+    if (scene.path.length) kinds.add("path");
+    if (scene.edges.some((e) => e[3])) kinds.add("shape");
+    if (Object.keys(health).length) kinds.add("health");
+    legend.replaceChildren();
+    for (const [kind, text] of LEGEND) {
+      if (!kinds.has(kind)) continue;
+      const entry = el("span", "ja-legend-entry ja-legend-" + kind);
+      entry.append(el("span", "ja-swatch"), document.createTextNode(text));
+      legend.append(entry);
+    }
+  }
 
   // -- zoom and pan: the viewBox -------------------------------------------------------------------
   function paneSize() { return [pane.clientWidth || 800, pane.clientHeight || 480]; }
+  function overview() {
+    const [w, h] = paneSize();
+    return contentH * view.k > h * 1.05 || contentW * view.k > w * 1.05;
+  }
   function applyView() {
     const [w, h] = paneSize();
     svg.setAttribute("viewBox", `${view.x} ${view.y} ${w / view.k} ${h / view.k}`);
     root.dataset.zoom = view.k.toFixed(3);
-    const overview = contentH * view.k > h * 1.05 || contentW * view.k > w * 1.05;
-    mini.style.display = overview ? "" : "none";
-    if (overview) {
+    svg.classList.toggle("ja-no-text", view.k < TEXT_ZOOM);
+    const shown = overview();
+    mini.style.display = shown ? "" : "none";
+    if (shown) {
       const m = 8;
       mini.setAttribute("viewBox", `${-m} ${-m} ${contentW + 2 * m} ${contentH + 2 * m}`);
       miniView.setAttribute("x", view.x); miniView.setAttribute("y", view.y);
       miniView.setAttribute("width", w / view.k); miniView.setAttribute("height", h / view.k);
+    }
+    keepTitles();
+  }
+  // An open box's title stays in sight while any of the box is: at the view's left and top edges.
+  function keepTitles() {
+    const [w, h] = paneSize();
+    const left = view.x + 4 / view.k, top = view.y;
+    const sorted = stickies.slice().sort((a, b) => a.depth - b.depth);
+    const stackAt = new Map();
+    for (const s of sorted) {
+      const { p } = s;
+      const visible = p.y + p.h > top + HEADER_H && p.y < view.y + h / view.k && p.x + p.w > view.x && p.x < view.x + w / view.k;
+      let y = p.y;
+      if (visible && p.y < top) {
+        const depth = [...stackAt.entries()].filter(([q]) => q.x <= p.x && q.x + q.w >= p.x + p.w && q.y <= p.y).length;
+        y = Math.min(top + depth * HEADER_H, p.y + p.h - HEADER_H);
+        stackAt.set(p, y);
+      }
+      const textW = (s.label.textContent.length) * CHAR_W;
+      const x = Math.max(p.x + 8, Math.min(left + 4, p.x + p.w - Math.min(textW, p.w - 16) - 8));
+      s.label.setAttribute("x", x);
+      s.label.setAttribute("y", y + HEADER_H - 6);
+      s.bg.setAttribute("y", y);
+      s.t.classList.toggle("ja-stuck", y !== p.y);
+      if (s.bar) s.bar.setAttribute("transform", `translate(0 ${y - p.y})`);
     }
   }
   function zoomAt(factor, px, py) {
@@ -282,42 +524,87 @@ function render({ model, el: root }) {
     view.y = gy - py / k;
     applyView();
   }
+  // Fit: all of it when it fits with readable text; else as much as fits at the smallest readable
+  // zoom, from the top, the overview map showing the rest (smaller text would be a smear).
   function fit() {
     const [w, h] = paneSize();
-    const m = 16;
-    view.k = Math.min(2, (w - 2 * m) / Math.max(contentW, 1), (h - 2 * m) / Math.max(contentH, 1));
-    view.x = (contentW - w / view.k) / 2;
-    view.y = (contentH - h / view.k) / 2;
+    const k = Math.min(2, (w - 2 * MARGIN) / Math.max(contentW, 1), (h - 2 * MARGIN) / Math.max(contentH, 1));
+    view.k = Math.max(k, READABLE_ZOOM);
+    const vw = w / view.k, vh = h / view.k;
+    view.x = contentW + 2 * MARGIN <= vw ? (contentW - vw) / 2
+      : Math.min(Math.max(view.x, -MARGIN), contentW + MARGIN - vw);
+    view.y = contentH + 2 * MARGIN <= vh ? (contentH - vh) / 2 : -MARGIN;
     applyView();
+  }
+  function rectOf(ids) {
+    const rs = ids.map((id) => stand(id)).filter((s) => s !== null).map((s) => placed.get(s)).filter(Boolean);
+    if (!rs.length) return null;
+    return [Math.min(...rs.map((r) => r.x)), Math.min(...rs.map((r) => r.y)),
+            Math.max(...rs.map((r) => r.x + r.w)), Math.max(...rs.map((r) => r.y + r.h))];
   }
   function centerOn(ids, k) {
     const [w, h] = paneSize();
-    const boxes = ids.map((id) => placed.get(stand(id))).filter(Boolean);
-    if (!boxes.length) return false;
-    const x0 = Math.min(...boxes.map((b) => b.x)), x1 = Math.max(...boxes.map((b) => b.x + b.w));
-    const y0 = Math.min(...boxes.map((b) => b.y)), y1 = Math.max(...boxes.map((b) => b.y + b.h));
+    const box = rectOf(ids);
+    if (!box) return false;
     view.k = k;
-    view.x = (x0 + x1) / 2 - w / k / 2;
-    view.y = y0 + (y1 - y0) / 2 - h / k / 2;
-    if (y1 - y0 > h / k) view.y = y0 - 16; // taller than the pane: its top first
+    view.x = (box[0] + box[2]) / 2 - w / k / 2;
+    view.y = (box[1] + box[3]) / 2 - h / k / 2;
+    if (box[3] - box[1] > h / k) view.y = box[1] - 16; // taller than the pane: its top first
     applyView();
     return true;
   }
-  // The first view: all of it when it fits with readable text, else the problem (or the root)
-  // at 100%. The pane first grows with the graph, up to a limit; then it is the user's to resize.
+  // The pane's height: the graph's, up to what the screen has room for under the widget's top
+  // part (the diagnosis): the problem must be on the first screen, not below it.
+  function sizePane() {
+    if (pane.dataset.userSized) return;
+    const above = pane.getBoundingClientRect().top - root.getBoundingClientRect().top;
+    const room = visibleHeight(root) - above - 28;
+    pane.style.height = Math.round(Math.max(260, Math.min(room, contentH + 2 * MARGIN))) + "px";
+  }
+  // The first view (layout.first_view): all of it when it fits at 100%; else at 100% the core,
+  // then the path to the root and the focus as far as they fit, off the overview map.
   function firstView() {
-    if (!pane.style.height) pane.style.height = Math.round(Math.max(220, Math.min(720, contentH + 40))) + "px";
+    sizePane();
     const [w, h] = paneSize();
-    const fitK = Math.min((w - 32) / Math.max(contentW, 1), (h - 32) / Math.max(contentH, 1));
-    if (fitK >= MIN_READABLE) {
-      fit();
-      if (view.k > 1) { view.k = 1; view.x = (contentW - w) / 2; view.y = (contentH - h) / 2; applyView(); }
-    } else if (!(model.get("diagnoses").length && centerOn(scene.focus, 1))) {
-      centerOn(scene.focus.length ? scene.focus : [], 1);
-      view.k = 1; view.y = -16;
-      if (!scene.focus.length) view.x = (contentW - w) / 2;
+    const k = READABLE_ZOOM, vw = w / k, vh = h / k;
+    view.k = k;
+    if (contentW <= w - 2 * MARGIN && contentH <= h - 2 * MARGIN) {
+      view.x = (contentW - vw) / 2; view.y = (contentH - vh) / 2;
       applyView();
+      return;
     }
+    const fits = (r) => r[2] - r[0] <= vw - 2 * MARGIN && r[3] - r[1] <= vh - 2 * MARGIN;
+    let box = rectOf(scene.core.slice(0, 1));
+    if (box) {
+      for (const [group, strict] of [[scene.core.slice(1), true], [scene.path.slice().reverse(), true], [scene.focus, false]]) {
+        for (const id of group) {
+          const more = rectOf([id]);
+          if (!more) continue;
+          const grown = [Math.min(box[0], more[0]), Math.min(box[1], more[1]), Math.max(box[2], more[2]), Math.max(box[3], more[3])];
+          if (fits(grown)) box = grown;
+          else if (strict) break;
+        }
+      }
+    } else {
+      const top = rectOf(scene.focus) || [0, 0, contentW, 0];
+      box = [top[0], 0, top[2], Math.min(contentH, vh - 2 * MARGIN)];
+    }
+    let x = (box[0] + box[2]) / 2 - vw / 2, y = (box[1] + box[3]) / 2 - vh / 2;
+    if (fits(box)) {
+      x = contentW + 2 * MARGIN > vw ? Math.min(Math.max(x, -MARGIN), Math.max(-MARGIN, contentW + MARGIN - vw)) : (contentW - vw) / 2;
+      x = Math.max(Math.min(x, box[0] - MARGIN), box[2] + MARGIN - vw);
+      y = contentH + 2 * MARGIN > vh ? Math.min(Math.max(y, -MARGIN), Math.max(-MARGIN, contentH + MARGIN - vh)) : (contentH - vh) / 2;
+      y = Math.max(Math.min(y, box[1] - MARGIN), box[3] + MARGIN - vh);
+    } else y = box[1] - MARGIN;
+    // Keep it off the overview map (bottom right).
+    const mapX = vw - (MINIMAP_W + MINIMAP_INSET + 4) / k, mapY = vh - (MINIMAP_H + MINIMAP_INSET + 4) / k;
+    const right = box[2] - x, bottom = box[3] - y;
+    if (right > mapX && bottom > mapY) {
+      if (box[0] - x - (right - mapX) >= MARGIN / k) x += right - mapX;
+      else if (box[1] - y - (bottom - mapY) >= MARGIN / k) y += bottom - mapY;
+    }
+    view.x = x; view.y = y;
+    applyView();
   }
 
   let drag = null;
@@ -355,6 +642,12 @@ function render({ model, el: root }) {
                    ArrowRight: () => { view.x += step; applyView(); }, ArrowUp: () => { view.y -= step; applyView(); },
                    ArrowDown: () => { view.y += step; applyView(); } };
     if (keys[e.key]) { keys[e.key](); e.preventDefault(); e.stopPropagation(); }
+  });
+  // A pane the user resized keeps its height.
+  pane.addEventListener("pointerup", () => {
+    if (positioned && pane.style.height && Math.abs(pane.offsetHeight - parseFloat(pane.style.height)) > 2) {
+      pane.dataset.userSized = "1";
+    }
   });
   mini.addEventListener("click", (e) => {
     e.stopPropagation();
@@ -395,6 +688,7 @@ function render({ model, el: root }) {
   function requestLayout(ids) {
     const want = ids.filter((id) => scene.boxes.has(id) && !scene.boxes.get(id).laid);
     if (!want.length) return false;
+    root.dataset.ready = "0";
     model.set("expanded", [...new Set([...model.get("expanded"), ...want])]);
     model.save_changes();
     return true;
@@ -404,11 +698,10 @@ function render({ model, el: root }) {
     const target = event.target.closest && event.target.closest("[data-id]");
     if (!target) return;
     const id = target.dataset.id;
-    if (target.classList.contains("ja-box")) {
+    if (target.classList.contains("ja-box-title")) toggle(id);
+    else if (target.classList.contains("ja-box")) {
       const p = placed.get(id);
-      const r = svg.getBoundingClientRect();
-      const gy = view.y + (event.clientY - r.top) / view.k;
-      if (p && p.open && gy > p.y + HEADER_H) return; // inside an open box, not on its title
+      if (p && p.open) return; // inside an open box, not on its title
       toggle(id);
     }
     model.set("selected", id);
@@ -448,12 +741,14 @@ function render({ model, el: root }) {
     if (!q) { found = []; foundAt = -1; findInfo.textContent = ""; markNodes(); return; }
     if (!next || !found.length) {
       const exact = [], partial = [];
-      for (const t of [...scene.boxes.values(), ...scene.items.values()]) {
-        const names = [t.name || "", t.label || ""].map((s) => s.toLowerCase());
-        if (names.some((s) => s === q || s.endsWith("." + q))) exact.push(t.id);
-        else if (names.some((s) => s.includes(q))) partial.push(t.id);
+      const candidates = [...scene.boxes.values(), ...scene.items.values()].map((t) => [t.id, [t.name || "", t.label || ""]]);
+      for (const [name, target] of scene.names) candidates.push([target, [name]]);
+      for (const [id, names] of candidates) {
+        const lower = names.map((s) => s.toLowerCase());
+        if (lower.some((s) => s === q || s.endsWith("." + q))) exact.push(id);
+        else if (lower.some((s) => s.includes(q))) partial.push(id);
       }
-      found = [...exact, ...partial];
+      found = [...new Set([...exact, ...partial])];
       foundAt = found.length ? 0 : -1;
     } else foundAt = (foundAt + 1) % found.length;
     findInfo.textContent = found.length ? `${foundAt + 1}/${found.length}` : "not found";
@@ -462,7 +757,7 @@ function render({ model, el: root }) {
     const missing = reveal([id]);
     if (missing.length) { pendingReveal = id; requestLayout(missing); return; }
     drawGraph();
-    centerOn([id], Math.max(view.k, 1));
+    centerOn([id], Math.max(view.k, READABLE_ZOOM));
   }
   let findTimer = null;
   find.addEventListener("input", () => { clearTimeout(findTimer); findTimer = setTimeout(() => runFind(false), 150); });
@@ -473,9 +768,21 @@ function render({ model, el: root }) {
 
   // -- the other panels ----------------------------------------------------------------------------
   function drawSummary() {
-    summary.textContent = model.get("summary");
-    error.textContent = model.get("error") ? "The cell raised " + model.get("error").split("\n")[0] : "";
-    error.style.display = model.get("error") ? "" : "none";
+    const n = model.get("diagnoses").length;
+    const partial = (model.get("warnings") || []).length > 0; // never "no problems" beside a failed analysis
+    title.textContent = "jupyter-autograd: " + (n ? n + (n === 1 ? " problem" : " problems") + " found"
+      : partial ? "no problems found in what was analysed (the analysis is incomplete)" : "no problems found");
+    const lines = model.get("summary").split("\n");
+    summaryHead.textContent = lines[0] || "";
+    summaryRest.textContent = lines.slice(1).join("\n");
+    summaryBox.classList.toggle("ja-no-more", lines.length < 2);
+    // Said once: the first line of the cell's error, which the diagnosis explains; the traceback
+    // under the widget has the whole message.
+    const err = model.get("error");
+    errorText.textContent = err ? "The cell raised " + err.split("\n")[0] : "";
+    error.title = err ? err.split("\n")[0] : "";
+    errorWhy.textContent = err && n ? "explained below" : "";
+    error.style.display = err ? "" : "none";
     const warnings = model.get("warnings") || [];
     const list = el("ul");
     for (const w of warnings) list.append(el("li", null, w));
@@ -502,7 +809,7 @@ function render({ model, el: root }) {
                                      el("code", null, d.saved_source));
       card.append(where, el("div", "ja-diag-message", d.message));
       const fix = el("div", "ja-diag-fix");
-      fix.append(el("span", "ja-fix-label", "Fix: "), el("pre", null, d.fix));
+      fix.append(el("div", "ja-fix-label", "Fix"), fixBlock(d.fix));
       card.append(fix);
       card.addEventListener("click", () => {
         model.set("selected_diagnosis", i);
@@ -510,6 +817,7 @@ function render({ model, el: root }) {
       });
       diagList.append(card);
     });
+    drawSummary();
   }
 
   function drawDetails() {
@@ -517,6 +825,7 @@ function render({ model, el: root }) {
     const d = model.get("details");
     if (!d || !d.title) {
       details.append(el("div", "ja-hint", "Click a node of the graph to inspect it; click a box to open it."));
+      layoutSide();
       return;
     }
     details.append(el("div", "ja-details-title", d.title));
@@ -524,6 +833,7 @@ function render({ model, el: root }) {
     for (const [k, v] of d.rows || []) {
       const tr = el("tr");
       tr.append(el("th", null, k), el("td", null, v));
+      if (k === "health" && v !== "ok") tr.classList.add("ja-flagged");
       table.append(tr);
     }
     details.append(table);
@@ -544,53 +854,151 @@ function render({ model, el: root }) {
       wrap.append(tab);
       details.append(wrap);
     }
+    layoutSide();
   }
 
+  // -- the source panel: the culprit's cell (or file) first, a tab for each other one ---------------
+  const ROLE = { culprit: "culprit", saved: "saved line", block: "this cell" };
+  let shownFile = null;
+  function sourceFiles() {
+    const files = Object.entries(model.get("sources") || {});
+    const order = { culprit: 0, saved: 1, block: 2 };
+    return files.sort((a, b) => (order[a[1].role] ?? 3) - (order[b[1].role] ?? 3));
+  }
   function drawSource() {
+    const files = sourceFiles();
+    if (shownFile === null || !files.some(([f]) => f === shownFile)) {
+      const wanted = model.get("source_name");
+      shownFile = files.some(([f]) => f === wanted) ? wanted : (files[0] ? files[0][0] : null);
+    }
+    sourceTabs.replaceChildren();
     source.replaceChildren();
-    const hl = new Set(model.get("highlight_lines"));
-    const current = model.get("current_line");
+    const places = model.get("highlight_places") || [];
+    for (const [file, info] of files) {
+      const lines = places.filter(([f]) => f === file).map(([, line, role]) => "line " + line + " (" + role + ")");
+      const tab = el("button", "ja-source-tab" + (file === shownFile ? " ja-active" : ""));
+      tab.type = "button";
+      tab.append(el("b", null, info.label), document.createTextNode(" " + (lines.length ? lines.join(", ") : ROLE[info.role])));
+      tab.title = file;
+      tab.addEventListener("click", () => { shownFile = file; drawSource(); });
+      sourceTabs.append(tab);
+    }
+    sourceBox.style.display = files.length ? "" : "none";
+    if (shownFile === null) { layoutSide(); return; }
+    const info = model.get("sources")[shownFile];
+    const marks = new Map();
+    for (const [f, line, role] of places) if (f === shownFile && !marks.has(line)) marks.set(line, role);
+    const current = model.get("current_file") === shownFile ? model.get("current_line") : 0;
     let target = null;
-    for (const { line, text } of model.get("source")) {
+    info.lines.forEach((text, i) => {
+      const line = i + 1;
       const row = el("div", "ja-src-line");
       row.dataset.line = String(line);
-      if (hl.has(line)) { row.classList.add("ja-src-highlight"); target = target || row; }
+      if (marks.has(line)) {
+        row.classList.add("ja-src-highlight", "ja-src-" + marks.get(line));
+        row.title = marks.get(line);
+        target = target || row;
+      }
       if (line === current) { row.classList.add("ja-src-current"); target = row; }
       row.append(el("span", "ja-lineno", line), el("span", "ja-code", text));
       source.append(row);
-    }
-    source.style.display = model.get("source").length ? "" : "none";
-    // Scroll the panel only, never the page.
-    if (target) source.scrollTop = Math.max(0, target.offsetTop - source.offsetTop - source.clientHeight / 3);
+    });
+    layoutSide();
+    sourceTarget = target;
+    scrollSource();
+  }
+  // Scroll the panel only, never the page; again once the panel has its size.
+  let sourceTarget = null;
+  function scrollSource() {
+    if (!sourceTarget || !source.clientHeight) return;
+    const at = sourceTarget.getBoundingClientRect().top - source.getBoundingClientRect().top;
+    source.scrollTop = Math.max(0, source.scrollTop + at - source.clientHeight / 3);
+  }
+  function onPlaces() {
+    const places = model.get("highlight_places") || [];
+    if (places.length && model.get("sources")[places[0][0]]) shownFile = places[0][0];
+    drawSource();
+  }
+  function onCurrent() {
+    const f = model.get("current_file");
+    if (f && model.get("sources")[f]) shownFile = f;
+    drawSource();
+  }
+  // The side column takes room only when it has something to show; beside the graph it is as tall
+  // as the graph's column (its own contents scroll), under it on a narrow page.
+  function layoutSide() {
+    const has = sourceBox.style.display !== "none" || (model.get("details") || {}).title;
+    side.style.display = has ? "" : "none";
+    main.classList.toggle("ja-narrow", root.clientWidth > 0 && root.clientWidth < 760);
+    root.classList.toggle("ja-narrow-cards", root.clientWidth > 0 && root.clientWidth < 700);
   }
 
+  // -- the timeline: steps (one run of a line), grouped by iteration -------------------------------------
+  let iteration = 0;
+  function iterationOf(step) {
+    const its = model.get("iterations") || [0];
+    let i = 0;
+    while (i + 1 < its.length && its[i + 1] <= step) i++;
+    return i;
+  }
+  function iterationRange(i) {
+    const its = model.get("iterations") || [0];
+    return [its[i] || 0, i + 1 < its.length ? its[i + 1] : model.get("n_steps")];
+  }
   function drawStep() {
     const n = model.get("n_steps");
-    slider.max = String(Math.max(0, n - 1));
+    const its = model.get("iterations") || [0];
+    const [first, end] = iterationRange(iteration);
+    slider.max = String(Math.max(0, end - first - 1));
     slider.disabled = n === 0;
+    iterBox.style.display = its.length > 1 ? "" : "none";
+    iterLabel.textContent = "iteration " + (iteration + 1) + " of " + its.length;
+    iterPrev.disabled = iteration === 0;
+    iterNext.disabled = iteration + 1 >= its.length;
     const info = model.get("step_info");
     stepLabel.replaceChildren();
-    if (!info || info.index === undefined) {
+    const problem = model.get("problem_step");
+    if (!info || info.index === undefined || info.index < first || info.index >= end) {
       slider.value = "-1";
-      stepLabel.append(el("span", "ja-hint", n + " operations: move the slider to replay them."));
+      let hint = (end - first) + " steps (one per line run" + (its.length > 1 ? ", " + its.length + " iterations" : "") +
+                 "): move the slider to replay them.";
+      if (problem >= first && problem < end) hint += " The problem is at step " + (problem - first + 1) + ".";
+      stepLabel.append(el("span", "ja-hint", hint));
       return;
     }
-    slider.value = String(info.index);
-    stepLabel.append(el("span", "ja-step-index", "step " + (info.index + 1) + "/" + n + " "),
-                     el("code", "ja-step-op", info.op),
-                     el("span", "ja-line-ref", " line " + info.line + ": "), el("code", "ja-step-source", info.source));
+    slider.value = String(info.index - first);
+    const ops = info.ops.map(([name, count]) => count > 1 ? name + " \u00d7" + count : name).join(", ");
+    stepLabel.append(el("span", "ja-step-index", "step " + (info.index - first + 1) + " of " + (end - first) + " "),
+                     el("span", "ja-line-ref", (info.where || "line " + info.line) + ": "),
+                     el("code", "ja-step-source", info.source), el("span", "ja-step-op", " " + ops));
     if (!info.grad_mode) stepLabel.append(el("span", "ja-badge", "no_grad"));
     if (info.error) stepLabel.append(el("span", "ja-badge ja-badge-error", info.error.split("\n")[0]));
-    const versions = el("div", "ja-versions");
-    for (const [name, version, written] of info.versions) {
-      versions.append(el("span", "ja-chip" + (written ? " ja-chip-written" : ""), name + " v" + version));
+    if (info.note) stepLabel.append(el("div", "ja-step-note", info.note));
+    const chips = el("div", "ja-versions");
+    for (const [label, role, tip] of info.chips) {
+      const chip = el("span", "ja-chip ja-chip-" + role, label);
+      chip.title = tip;
+      chips.append(chip);
     }
-    stepLabel.append(versions);
+    stepLabel.append(chips);
+  }
+  function setStep(index) {
+    model.set("step", index);
+    model.save_changes();
   }
   slider.addEventListener("input", () => {
-    model.set("step", Number(slider.value));
-    model.save_changes();
+    const [first] = iterationRange(iteration);
+    const v = Number(slider.value);
+    setStep(v < 0 ? -1 : first + v);
   });
+  function goIteration(i) {
+    const its = model.get("iterations") || [0];
+    iteration = Math.max(0, Math.min(its.length - 1, i));
+    setStep(-1);
+    drawStep();
+  }
+  iterPrev.addEventListener("click", () => goIteration(iteration - 1));
+  iterNext.addEventListener("click", () => goIteration(iteration + 1));
 
   function onScene() {
     scene = parseScene(model.get("scene"));
@@ -602,8 +1010,9 @@ function render({ model, el: root }) {
       if (missing.length && requestLayout(missing)) return;
       pendingReveal = null;
       drawGraph();
-      centerOn([id], Math.max(view.k, 1));
+      centerOn([id], Math.max(view.k, READABLE_ZOOM));
     }
+    root.dataset.ready = "1";
   }
   // Another diagnosis picked: open the way to its nodes and bring them into view.
   function onHighlight() {
@@ -611,10 +1020,11 @@ function render({ model, el: root }) {
     const missing = reveal(ids);
     if (missing.length) requestLayout(missing);
     drawGraph();
-    if (positioned && ids.length) centerOn(ids, Math.max(view.k, MIN_READABLE));
+    if (positioned && ids.length) centerOn(ids, Math.max(view.k, READABLE_ZOOM));
   }
 
-  drawSummary();
+  const problem = model.get("problem_step");
+  iteration = problem >= 0 ? iterationOf(problem) : Math.max(0, (model.get("iterations") || [0]).length - 1);
   drawDiagnoses();
   drawGraph();
   drawDetails();
@@ -623,9 +1033,16 @@ function render({ model, el: root }) {
   // The pane has no size until it is in the page: place the first view once it has one.
   const sizeWatch = new ResizeObserver(() => {
     if (!pane.clientWidth) return;
-    if (!positioned) { positioned = true; firstView(); } else applyView();
+    layoutSide();
+    if (!positioned) {
+      positioned = true;
+      firstView();
+      root.dataset.ready = "1"; // the first screen is drawn: what tests and screenshots wait for
+    } else applyView();
   });
   sizeWatch.observe(pane);
+  const sourceWatch = new ResizeObserver(scrollSource);
+  sourceWatch.observe(source);
   model.on("change:summary", drawSummary);
   model.on("change:error", drawSummary);
   model.on("change:warnings", () => { drawSummary(); drawDiagnoses(); });
@@ -638,11 +1055,13 @@ function render({ model, el: root }) {
   model.on("change:details", drawDetails);
   model.on("change:step_info", drawStep);
   model.on("change:n_steps", drawStep);
-  model.on("change:highlight_lines", drawSource);
-  model.on("change:current_line", drawSource);
-  model.on("change:source", drawSource);
+  model.on("change:highlight_places", onPlaces);
+  model.on("change:current_line", onCurrent);
+  model.on("change:current_file", onCurrent);
+  model.on("change:sources", drawSource);
   return () => {
     sizeWatch.disconnect();
+    sourceWatch.disconnect();
     window.removeEventListener("pointermove", onMove);
     window.removeEventListener("pointerup", onUp);
   };

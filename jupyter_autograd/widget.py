@@ -18,6 +18,7 @@ cannot live. `save_html(trace, path)` writes the interactive view into one HTML 
 from __future__ import annotations
 
 import base64
+import bisect
 import html
 import os
 import pathlib
@@ -31,7 +32,7 @@ import anywidget
 import traitlets as t
 
 from .model import Trace
-from .render import layout
+from .render import health, layout, timeline
 from .render.text import INCOMPLETE, graph_summary, text_report, verdict
 
 _HERE = pathlib.Path(__file__).parent
@@ -58,14 +59,21 @@ class AutogradWidget(anywidget.AnyWidget):
     details = t.Dict().tag(sync=True)
     selected_diagnosis = t.Int(-1).tag(sync=True)
     highlight_nodes = t.List(t.Unicode()).tag(sync=True)
-    highlight_lines = t.List(t.Int()).tag(sync=True)
-    step = t.Int(-1).tag(sync=True)
+    # [file, line, role] of the lines the selected diagnosis is about (role: culprit, saved)
+    highlight_places = t.List(t.List()).tag(sync=True)
+    step = t.Int(-1).tag(sync=True)                 # a step of the timeline (timeline.steps_of), -1: none
     n_steps = t.Int(0).tag(sync=True)
+    iterations = t.List(t.Int()).tag(sync=True)     # the first step of each iteration
+    problem_step = t.Int(-1).tag(sync=True)         # the step of the first diagnosis's line
     step_info = t.Dict().tag(sync=True)
     step_nodes = t.List(t.Unicode()).tag(sync=True)
+    current_file = t.Unicode("").tag(sync=True)
     current_line = t.Int(0).tag(sync=True)
-    source = t.List(t.Dict()).tag(sync=True)
-    source_name = t.Unicode("").tag(sync=True)
+    # file -> {"label": "In [2]", "lines": [...], "role": "culprit" | "saved" | "block"}: the files
+    # the source panel can show (the culprit's, the saved line's, the block's own cell)
+    sources = t.Dict().tag(sync=True)
+    source_name = t.Unicode("").tag(sync=True)      # the file the source panel shows first
+    grad_health = t.Dict().tag(sync=True)           # module name -> [norm, flags, tooltip] (render.health)
     expanded = t.List(t.Unicode()).tag(sync=True)   # boxes the front end opened that were not laid out
     grouped = t.Bool(False).tag(sync=True)          # the graph is drawn in boxes
     node_count = t.Int(0).tag(sync=True)
@@ -104,12 +112,23 @@ class AutogradWidget(anywidget.AnyWidget):
         self.error = trace.error or ""
         self.warnings = list(trace.warnings)
         self.diagnoses = [_diagnosis_dict(trace, d) for d in trace.diagnoses]
-        self.source_name = filename or layout.main_file(trace)
-        self.source = [{"line": i, "text": text.rstrip("\n")}
-                       for i, text in enumerate(trace.sources.get(self.source_name, []), 1)]
-        self.n_steps = len(trace.ops)
+        self.sources = _sources(trace, filename)
+        # The culprit's file first (a module's bug is often in an earlier cell); else the block's.
+        culprit = next((d.filename for d in trace.diagnoses if d.filename in self.sources), None)
+        self.source_name = culprit or filename or layout.main_file(trace)
+        self._steps = timeline.steps_of(trace)
+        self.n_steps = len(self._steps)
+        self.iterations = timeline.iterations_of(trace, self._steps)
+        self.problem_step = self._step_of(trace.diagnoses[0].op_index) if trace.diagnoses else -1
+        self.grad_health = health.module_health(trace)
         if trace.diagnoses:
             self.selected_diagnosis = 0
+
+    def _step_of(self, op_index: Optional[int]) -> int:
+        if op_index is None:
+            return -1
+        at = bisect.bisect_right([first for first, _ in self._steps], op_index) - 1
+        return at if 0 <= at < len(self._steps) else -1
 
     # -- static pictures ---------------------------------------------------------------------------
     def static_bundle(self) -> Dict[str, str]:
@@ -136,14 +155,15 @@ class AutogradWidget(anywidget.AnyWidget):
         ids = [row[0] for row in self.scene.get("items", [])] + [row[0] for row in self.scene.get("boxes", [])]
         details = {i: self.details_for(i) for i in ids}
         steps = {}
-        for i in range(min(len(self._trace.ops), max_steps)):
+        for i in range(min(self.n_steps, max_steps)):
             self.step = i
-            steps[i] = {"step_info": self.step_info, "current_line": self.current_line, "step_nodes": self.step_nodes}
+            steps[i] = {"step_info": self.step_info, "current_line": self.current_line,
+                        "current_file": self.current_file, "step_nodes": self.step_nodes}
         self.step = -1
         marks = {}
         for i in range(len(self._trace.diagnoses)):
             self.selected_diagnosis = i
-            marks[i] = {"highlight_nodes": self.highlight_nodes, "highlight_lines": self.highlight_lines,
+            marks[i] = {"highlight_nodes": self.highlight_nodes, "highlight_places": self.highlight_places,
                         "selected": self.selected}
         self.selected_diagnosis = 0 if self._trace.diagnoses else -1
         state["selected"] = self.selected
@@ -174,37 +194,37 @@ class AutogradWidget(anywidget.AnyWidget):
     def _on_diagnosis(self, change):
         i = change["new"]
         if not 0 <= i < len(self._trace.diagnoses):
-            self.highlight_nodes, self.highlight_lines = [], []
+            self.highlight_nodes, self.highlight_places = [], []
             return
         d = self._trace.diagnoses[i]
-        nodes = ["t%d" % tid for tid in d.tids]
-        leaf_of = {n.variable: "fn%d" % k for k, n in self._trace.nodes.items() if n.variable is not None}
-        nodes = [leaf_of.get(tid, "t%d" % tid) for tid in d.tids]
-        if d.node_key is not None:
-            nodes.append("fn%d" % d.node_key)
-        if d.op_index is not None:
-            nodes.append(layout.write_id(d.op_index))
-        nodes = list(dict.fromkeys(nodes))
-        kinds = {row[0]: row[1] for row in self.scene.get("items", [])}
-        nodes.sort(key=lambda n: kinds.get(n) != "cut")  # a cut is what the card is about: selected first
-        self.highlight_nodes = [n for n in nodes if n in kinds] or nodes
-        self.highlight_lines = [n for n in (d.line, d.saved_line) if n]
+        problems = self.scene.get("problems", [])
+        self.highlight_nodes = list(problems[i]) if i < len(problems) else []
+        places = []
+        if d.line:
+            places.append([d.filename or "", d.line, "culprit"])
+        if d.saved_line:
+            places.append([d.saved_filename or d.filename or "", d.saved_line, "saved"])
+        self.highlight_places = places
         if self.highlight_nodes:
             self.selected = self.highlight_nodes[0]
 
     @t.observe("step")
     def _on_step(self, change):
         i = change["new"]
-        if not 0 <= i < len(self._trace.ops):
-            self.step_info, self.current_line, self.step_nodes = {}, 0, []
+        if not 0 <= i < len(self._steps):
+            self.step_info, self.current_file, self.current_line, self.step_nodes = {}, "", 0, []
             return
-        self.step_info = self.step_details(i)
-        op = self._trace.ops[i]
-        here = op.location is not None and op.location.filename == self.source_name
-        self.current_line = op.location.line if here else 0
-        nodes = ["t%d" % tid for tid in op.writes + op.outputs]
-        if op.node is not None:
-            nodes.append("fn%d" % op.node)
+        self.step_info = timeline.step_info(self._trace, self._steps, self.iterations, i)
+        first, last = self._steps[i]
+        ops = self._trace.ops[first:last + 1]
+        loc = ops[0].location
+        self.current_file = loc.filename if loc is not None and loc.filename in self.sources else ""
+        self.current_line = loc.line if self.current_file else 0
+        nodes = []
+        for op in ops:
+            nodes.extend("t%d" % tid for tid in op.writes + op.outputs)
+            if op.node is not None:
+                nodes.append("fn%d" % op.node)
         self.step_nodes = list(dict.fromkeys(nodes))
 
     # -- what the panels show (plain dicts: the front end renders them as text) ------------------
@@ -213,10 +233,14 @@ class AutogradWidget(anywidget.AnyWidget):
         if node.startswith("t") and node[1:].isdigit():
             return self._tensor_details(int(node[1:]))
         if node.startswith("fn") and node[2:].lstrip("-").isdigit():
-            return self._node_details(int(node[2:]))
+            key = int(node[2:])
+            leaf = trace.nodes.get(key)
+            if leaf is not None and leaf.variable is not None:  # a parameter: the tensor, not its AccumulateGrad
+                return self._tensor_details(leaf.variable, accumulator=leaf)
+            return self._node_details(key)
         if node.startswith("op") and node[2:].isdigit() and int(node[2:]) < len(trace.ops):
             return self._op_details(int(node[2:]))
-        if node.startswith(("m:", "c:")):
+        if node.startswith(("m:", "c:", "l:")):
             return self._group_details(node)
         if node == layout.FOLD:
             return {"kind": "group", "title": "other iterations (folded)",
@@ -224,14 +248,15 @@ class AutogradWidget(anywidget.AnyWidget):
                              ["", "the view shows one iteration: the one with the problem, else the last"]]}
         return {"title": node, "rows": [["", "nothing is known about this node"]]}
 
-    def _tensor_details(self, tid: int) -> Dict:
+    def _tensor_details(self, tid: int, accumulator=None) -> Dict:
         trace = self._trace
         info = trace.tensors.get(tid)
         if info is None:
-            return {"title": "tensor#%d" % tid, "rows": []}
-        rows = [["name", info.label], ["shape", str(list(info.shape))], ["dtype", info.dtype],
-                ["device", info.device], ["requires_grad", str(info.requires_grad)], ["is_leaf", str(info.is_leaf)],
-                ["grad_fn", info.grad_fn or "None"]]
+            return {"title": trace.tensor_label(tid), "rows": []}
+        rows = [["name", trace.tensor_label(tid)], ["shape", str(list(info.shape))], ["dtype", info.dtype],
+                ["device", info.device], ["requires_grad", str(info.requires_grad)], ["is_leaf", str(info.is_leaf)]]
+        if not (info.is_leaf and info.requires_grad):  # a parameter has none: saying so says nothing
+            rows.append(["grad_fn", info.grad_fn or "None"])
         if info.base is not None:
             rows.append(["view of", trace.tensor_label(info.base)])
         if info.data_alias_of is not None:
@@ -239,13 +264,28 @@ class AutogradWidget(anywidget.AnyWidget):
                          % trace.tensor_label(info.data_alias_of)])
         if info.version is not None:
             rows.append(["version now", str(info.version)])
-        rows.append(["grad", info.grad or "None"])
+        if info.is_leaf and info.requires_grad:
+            rows.append(["grad", info.grad or "None"])
+            backward_calls = trace.backward_calls()
+            if info.nonfinite_after is not None:
+                rows.append(["NaN/Inf in grad", "yes, from backward call %d on" % (info.nonfinite_after + 1)])
+            elif info.grad is not None and backward_calls:
+                rows.append(["NaN/Inf in grad", "none seen"])
+            if info.optimized:
+                rows.append(["optimizer", "stepped it" + ("" if info.stepped_with_grad else ", without a gradient")])
+            rows.extend(health.parameter_health(trace, info.name or ""))
+            if accumulator is not None:
+                rows.append(["gradient", "flows in through %s into .grad" % accumulator.name])
+        else:
+            rows.append(["grad", info.grad or "None"])
         history = []
         for op_index, version in info.versions:
             op = trace.ops[op_index] if 0 <= op_index < len(trace.ops) else None
             history.append([str(version), self._line_of(op), op.location.source if op and op.location else "",
                             op.name if op else "(before the block)"])
-        return {"kind": "tensor", "title": info.label, "rows": rows,
+        if len(history) > 8:  # a loop: the first and the last writes say it
+            history = history[:3] + [["...", "", "%d more" % (len(history) - 6), ""]] + history[-3:]
+        return {"kind": "tensor", "title": trace.tensor_label(tid), "rows": rows,
                 "tables": [{"caption": "version history", "columns": ["version", "line", "source", "op"],
                             "rows": history}]}
 
@@ -258,6 +298,9 @@ class AutogradWidget(anywidget.AnyWidget):
         rows = [["grad_fn", node.name],
                 ["created by", "%s: %s" % (self._line_of(op), op.location.source if op.location else op.name)
                  if op else "(outside the block)"]]
+        shape = layout._node_shape(trace, key)
+        if shape:
+            rows.append(["gradient shape", shape])
         if node.variable is not None:
             rows.append(["accumulates into", trace.tensor_label(node.variable) + ".grad"])
         if node.consumed_by:
@@ -301,37 +344,49 @@ class AutogradWidget(anywidget.AnyWidget):
         _, kind, label, sub, _, name, count, _ = box
         title = _group_title(self._trace, name) if kind == "module" else label
         rows = [["nodes", str(count)]]
-        if sub:
+        if kind == "line":
+            rows.append(["line", name])
+        elif sub:
             rows.append(["holds" if kind == "chunk" else "module", sub])
+        tables = []
+        if kind == "module":
+            rows.extend(health.module_rows(self._trace, name))
+            params = health.module_parameters(self._trace, name)
+            if params:
+                tables.append({"caption": "gradient health of its parameters", "columns": ["parameter", "grad norm",
+                                                                                            "health"], "rows": params})
         rows.append(["", "click the box to open or close it"])
-        return {"kind": "group", "title": title, "rows": rows}
+        return {"kind": "group", "title": title, "rows": rows, "tables": tables}
 
     def _line_of(self, op) -> str:
-        """`line 12` in the cell; `file.py:312` elsewhere (a library's line number alone says nothing)."""
+        """`line 12` in the file the source panel shows first; `In [2], line 16` or `model.py, line 41`
+        elsewhere (a line number alone says nothing there)."""
         if op is None or op.location is None:
             return "?"
-        if op.location.filename == self.source_name:
+        if op.location.filename == self.source_name and len(self.sources) <= 1:
             return "line %d" % op.location.line
-        return "%s:%d" % (op.location.filename.replace("\\", "/").rsplit("/", 1)[-1], op.location.line)
+        return self._trace.place(op.location.filename, op.location.line)
 
-    def step_details(self, i: int) -> Dict:
-        trace = self._trace
-        op = trace.ops[i]
-        involved = list(dict.fromkeys(op.inputs + op.outputs))
-        others = [tid for tid, info in trace.tensors.items() if info.name and tid not in involved
-                  and info.versions and info.versions[0][0] <= i]
-        versions = []
-        for tid in (involved + others)[:24]:
-            info = trace.tensors.get(tid)
-            if info is None:
-                continue
-            known = [v for at, v in info.versions if at <= i]
-            if known or tid in involved:
-                versions.append([info.label, str(known[-1]) if known else "0", "written" if tid in op.writes else ""])
-        return {"index": i, "op": op.name, "line": op.location.line if op.location else 0,
-                "file": op.location.filename if op.location else "", "source": op.location.source if op.location else "",
-                "grad_mode": op.grad_enabled, "error": op.error or "",
-                "writes": [trace.tensor_label(tid) for tid in op.writes], "versions": versions}
+
+def _sources(trace: Trace, filename: Optional[str] = None, max_lines: int = 5000) -> Dict[str, Dict]:
+    """The files the source panel can show: the culprit's and the saved line's of each diagnosis
+    and the block's own cell (or `filename`), each with the name a person knows it by."""
+    wanted: Dict[str, str] = {}
+    for d in trace.diagnoses:
+        if d.filename:
+            wanted.setdefault(d.filename, "culprit")
+        if d.saved_line and (d.saved_filename or d.filename):
+            wanted.setdefault(d.saved_filename or d.filename, "saved")
+    block = filename or layout.block_file(trace)
+    if block:
+        wanted.setdefault(block, "block")
+    out = {}
+    for name, role in wanted.items():
+        lines = trace.sources.get(name)
+        if lines:
+            out[name] = {"label": trace.file_label(name), "role": role,
+                         "lines": [text.rstrip("\n") for text in lines[:max_lines]]}
+    return out
 
 
 def _group_title(trace: Trace, name: str) -> str:
@@ -414,6 +469,7 @@ def static_html(trace: Trace, scene: Optional[layout.Scene] = None) -> str:
                  % esc(graph_summary(trace)))
     if scene.note:
         parts.append('<div style="color: var(--jp-ui-font-color2, #495057)">%s</div>' % esc(scene.note))
+    parts.append(_static_legend(scene))
     parts.append('<div style="overflow: auto; max-height: 640px; border: 1px solid var(--jp-border-color2, #dee2e6)">'
                  + draw.to_svg(scene) + "</div></div>")
     return "".join(parts)
@@ -425,6 +481,25 @@ def warm_up() -> None:
     that runs longer sees more of the cells run after it reach the kernel while it runs, and
     Jupyter aborts those (ipykernel's stop_on_error)."""
     static_bundle(Trace())
+
+
+def _static_legend(scene: layout.Scene) -> str:
+    """One line: a swatch and a few words for each colour and line the picture draws."""
+    from .render import draw
+
+    entries = []
+    for kind, words in draw.legend(scene):
+        fill, stroke = draw.STYLE.get(kind, draw.STYLE["box"])
+        if kind == "path":
+            swatch = '<span style="display:inline-block;width:14px;border-top:2px solid %s"></span>' % draw.PROBLEM
+        elif kind == "shape":
+            swatch = '<span style="font-size:10px">[2, 8]</span>'
+        else:
+            swatch = ('<span style="display:inline-block;width:14px;height:10px;background:%s;border:1px %s %s">'
+                      '</span>' % (fill, "dashed" if kind in ("box", "fold", "cut") else "solid", stroke))
+        entries.append('<span style="margin-right:12px;white-space:nowrap">%s %s</span>' % (swatch, html.escape(words)))
+    return '<div class="ja-static-legend" style="font-size:11px; color: var(--jp-ui-font-color2, #495057)">%s</div>' \
+        % "".join(entries)
 
 
 def display_trace(trace: Trace, filename: Optional[str] = None) -> None:

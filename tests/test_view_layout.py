@@ -1,4 +1,6 @@
-"""The scene the graph view draws: module boxes, focus, one iteration, size; no browser, no kernel."""
+"""The scene the graph view draws: module boxes, focus, one iteration, size, the first view; no
+browser, no kernel."""
+import functools
 import gc
 import tracemalloc
 
@@ -10,6 +12,8 @@ from torch import nn
 import jupyter_autograd as ja
 from jupyter_autograd.render import draw, layout
 from jupyter_autograd.widget import AutogradWidget
+
+from . import notebook_cases
 
 
 class Block(nn.Module):
@@ -187,7 +191,7 @@ def test_huge_graph_is_grouped_and_small_on_the_wire():
 def test_text_is_at_least_11px_and_boxes_do_not_overlap():
     trace = train(resnet(2))
     scene = layout.build_scene(trace)
-    placed, _, _ = layout.place(scene, list(scene.boxes))
+    placed = layout.place(scene, list(scene.boxes)).placed
     svg = draw.to_svg(scene, opened=list(scene.boxes))
     sizes = {int(s.split('"')[0]) for s in svg.split('font-size="')[1:]}
     assert min(sizes) >= 11
@@ -238,3 +242,145 @@ def test_fifty_small_widgets_hold_little_and_no_figure_or_graph():
     for w in kept[:3]:
         held = gc.get_referents(w.__dict__)
         assert not any(isinstance(o, (nx.Graph, layout.Scene)) for o in held)
+
+
+# -- the first screen of four notebooks (tests/notebook_cases.py) -------------------------------------
+
+# The graph pane of the first screen at 1400x1000 in JupyterLab: the widget's width less the
+# source column, and the height left under the diagnosis card.
+PANE_W, PANE_H = 860, 520
+
+
+@functools.lru_cache(maxsize=None)
+def case(name):
+    return notebook_cases.run_in_shell(name)
+
+
+@pytest.mark.parametrize("name", sorted(notebook_cases.CASES))
+def test_each_notebook_is_diagnosed_in_the_cell_jupyter_names(name):
+    trace = case(name)
+    d = trace.diagnoses[0]
+    cell, line = notebook_cases.CULPRIT[name]
+    assert d.kind == notebook_cases.KINDS[name]
+    assert trace.place(d.filename, d.line) == "In [%d], line %d" % (cell, line)
+
+
+def rect_of(scene, placement, thing):
+    stand = layout.stand_map(scene, scene.open, placement.by_id())
+    p = placement.by_id()[stand[thing]]
+    return p.x, p.y, p.x + p.w, p.y + p.h
+
+
+@pytest.mark.parametrize("name", sorted(notebook_cases.CASES))
+def test_first_view_shows_the_problem_its_path_and_readable_labels(name):
+    """At 1400x1000 the problem's nodes, and the nodes just above them on the way to the loss,
+    are inside the graph pane at the first zoom, off the overview map, with text of 11 px."""
+    scene = layout.build_scene(case(name))
+    placement = layout.place(scene, scene.open)
+    x, y, k = layout.first_view(scene, scene.open, PANE_W, PANE_H)
+    assert k * layout.SMALLEST_FONT >= 11
+    svg = draw.to_svg(scene)
+    assert min(int(s.split('"')[0]) for s in svg.split('font-size="')[1:]) >= layout.SMALLEST_FONT
+    view = (x, y, x + PANE_W / k, y + PANE_H / k)
+    minimap = (view[2] - (layout.MINIMAP_W + layout.MINIMAP_INSET) / k,
+               view[3] - (layout.MINIMAP_H + layout.MINIMAP_INSET) / k, view[2], view[3])
+    assert scene.core and scene.path
+    near_problem = list(reversed(scene.path))[:3]
+    for thing in scene.core + near_problem:
+        r = rect_of(scene, placement, thing)
+        assert view[0] <= r[0] and r[2] <= view[2] and view[1] <= r[1] and r[3] <= view[3], (thing, r, view)
+        assert r[2] <= minimap[0] or r[3] <= minimap[1], "%s is under the overview map" % thing
+
+
+def test_a_loop_draws_the_model_of_the_problem_iteration_beside_the_accumulation():
+    trace = case("loop")
+    scene = layout.build_scene(trace)
+    assert layout.FOLD in scene.items and "150 backward calls" in scene.note
+    names = {x.name for x in scene.items.values()}
+    assert {"total_loss", "loss", "mlp.0.weight", "mlp.4.bias"} <= names
+    assert scene.shown_nodes >= 15  # the model's graph: 3 linear layers, 2 ReLUs, the loss
+
+
+@pytest.mark.parametrize("name", ["loop", "gpt2"])
+def test_find_reaches_every_name_the_summary_lists(name):
+    trace = case(name)
+    w = AutogradWidget(trace)
+    findable = {row[5] for row in w.scene["items"]} | {row[5] for row in w.scene["boxes"]}
+    findable |= {n for n, _ in w.scene["names"]}
+    leaves = [trace.tensor_label(n.variable) for n in trace.nodes.values() if n.variable is not None]
+    assert leaves and set(leaves) <= findable, set(leaves) - findable
+    assert "Leaves that get .grad: " + leaves[0] in w.summary
+
+
+def test_cells_are_named_as_jupyter_names_them_and_the_loss_line_is_one_box():
+    scene = layout.build_scene(case("gpt2"))
+    texts = [x.sub for x in scene.items.values()] + [b.label for b in scene.boxes.values()]
+    assert not [t for t in texts if "ipython-input" in t or ".py:" in t]
+    write = next(x for x in scene.items.values() if x.kind == "write")
+    assert write.label == "h *= self.scale" and write.sub.startswith("In [2], line 18")
+    loss_line = next(b for b in scene.boxes.values() if b.kind == "line")
+    assert loss_line.label.startswith("In [3], line 7: loss = ") and loss_line.count >= 3
+    assert scene.items[scene.path[0]].name == "loss" and scene.path[0] in loss_line.children
+
+
+def _curve_points(points, steps=12):
+    out = []
+    for (xa, ya), (xb, yb) in zip(points, points[1:]):
+        dy = max(6.0, (yb - ya) / 2)
+        for i in range(steps + 1):
+            t = i / steps
+            u = 1 - t
+            if xa == xb or yb <= ya:
+                out.append((xa + (xb - xa) * t, ya + (yb - ya) * t))
+            else:
+                out.append((u ** 3 * xa + 3 * u * u * t * xa + 3 * u * t * t * xb + t ** 3 * xb,
+                            u ** 3 * ya + 3 * u * u * t * (ya + dy) + 3 * u * t * t * (yb - dy) + t ** 3 * yb))
+    return out
+
+
+@pytest.mark.parametrize("name", ["gpt2", "resnet", "rnn"])
+def test_no_edge_runs_behind_a_node(name):
+    """An edge that skips rows passes between the nodes of those rows (route points), so that
+    no node seems to feed what the edge goes to."""
+    scene = layout.build_scene(case(name))
+    opened = [b for b in scene.boxes if b in scene.layers]
+    placement = layout.place(scene, opened)
+    at = placement.by_id()
+    stand = layout.stand_map(scene, opened, at)
+    solid = [p for p in placement.placed if not p.open]
+    crossed = []
+    for a, b, kind, _ in draw.edges_between(scene, stand):
+        if at[b].y <= at[a].y:
+            continue
+        for px, py in _curve_points(draw.edge_path(scene, placement, a, b)):
+            for p in solid:
+                if p.id not in (a, b) and p.x + 2 < px < p.x + p.w - 2 and p.y + 2 < py < p.y + p.h - 2:
+                    crossed.append((a, b, p.id))
+    assert not crossed, sorted(set(crossed))[:10]
+
+
+def test_edges_carry_the_shape_of_the_gradient_that_flows_along_them():
+    trace = case("gpt2")
+    w = AutogradWidget(trace)
+    items = {row[0]: row for row in w.scene["items"]}
+    tanh = next(i for i in w.scene["core"] if items[i][2] == "TanhBackward0")  # the adapter's
+    into = [shape for u, v, kind, shape in w.scene["edges"] if v == tanh and kind == "next"]
+    assert into and set(into) == {"[2, 16, 16]"}
+    assert any(shape == "[2, 16, 100]" for *_, shape in w.scene["edges"])  # the logits, into the loss's line
+
+
+def test_two_things_of_one_name_say_which_is_which():
+    x = torch.tensor([[1.0, 2.0]])
+    w1 = torch.tensor([[2.0], [1.0]], requires_grad=True)
+    w2 = torch.tensor([3.0], requires_grad=True)
+    with pytest.raises(RuntimeError):
+        with ja.capture() as trace:
+            d = torch.matmul(x, w1)
+            f = torch.matmul(d, w2)
+            d[:] = 1
+            f.backward()
+    scene = layout.build_scene(trace)
+    named_d = [x for x in scene.items.values() if x.name == "d"]
+    assert len(named_d) == 2 and len({x.label for x in named_d}) == 2
+    saved = next(x for x in named_d if x.kind == "saved")
+    assert saved.label == "d (saved v0)" and "now v1" in saved.sub

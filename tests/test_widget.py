@@ -10,8 +10,10 @@ import jupyter_autograd as ja
 from jupyter_autograd.render import draw, layout
 from jupyter_autograd.widget import AutogradWidget, static_bundle
 
+from . import notebook_cases
 from . import scenario_runner as runner
 from .conftest import ROOT, scenario_files
+from .test_view_layout import case
 
 XSS = "<img src=x onerror=alert(1)>"
 ERROR_SCENARIOS = sorted((ROOT.parent / "shared" / "scenarios-errors").glob("*.py"))
@@ -31,15 +33,15 @@ def scene_ids(w):
 def test_widget_model_for_every_scenario(path):
     sc, trace = traced(path)
     w = AutogradWidget(trace)
-    assert (w.scene["items"] or not trace.nodes) and w.n_steps == len(trace.ops)
+    assert (w.scene["items"] or not trace.nodes) and (w.n_steps > 0 or not trace.ops) and w.n_steps <= len(trace.ops)
     ids = scene_ids(w)
-    for u, v, _ in w.scene["edges"]:
+    for u, v, _, _ in w.scene["edges"]:
         assert u in ids and v in ids
     if sc.kind is not None and any(d.kind == sc.kind for d in trace.diagnoses):
         # The first diagnosis is selected: its lines are highlighted and its nodes drawn and marked.
         assert w.selected_diagnosis == 0
         if sc.culprit:
-            assert sc.culprit in w.highlight_lines
+            assert sc.culprit in [line for _, line, _ in w.highlight_places]
         assert w.highlight_nodes and set(w.highlight_nodes) <= ids
         assert w.selected and w.details.get("title")
         assert w.scene["focus"]
@@ -48,9 +50,10 @@ def test_widget_model_for_every_scenario(path):
         w.selected = node
         assert w.details["title"]
     # Every step of the timeline can be shown.
-    for i in range(0, len(trace.ops), max(1, len(trace.ops) // 10)):
+    for i in range(0, w.n_steps, max(1, w.n_steps // 10)):
         w.step = i
-        assert w.step_info["index"] == i and w.step_info["op"] == trace.ops[i].name
+        first = w.step_info["first_op"]
+        assert w.step_info["index"] == i and w.step_info["ops"][0][0] == trace.ops[first].name
     bundle = static_bundle(trace)
     assert "<svg" in bundle["text/html"] and base64.b64decode(bundle["image/png"])[:4] == b"\x89PNG"
 
@@ -93,14 +96,14 @@ def test_timeline_shows_versions_as_they_were():
         a.add_(1)
     w = AutogradWidget(trace, filename=__file__)
     assert w.step == -1 and w.step_info == {}  # no step selected: the slider sits before the first one
-    adds = [op.index for op in trace.ops if op.name == "Tensor.add_"]
-    w.step = adds[0]
-    assert ["a", "1", "written"] in w.step_info["versions"]
+    assert w.n_steps == 3 and w.iterations == [0]
+    w.step = 1
+    assert w.step_info["chips"][0][:2] == ["a v1", "written"] and w.step_info["source"] == "a.add_(1)"
     first_line = w.current_line
-    w.step = adds[1]
-    assert ["a", "2", "written"] in w.step_info["versions"]
-    assert w.current_line == first_line + 1
-    assert w.step_nodes == ["t%d" % trace.ops[adds[1]].writes[0]]
+    w.step = 2
+    assert w.step_info["chips"][0][:2] == ["a v2", "written"]
+    assert w.current_line == first_line + 1 and w.current_file == __file__
+    assert w.step_nodes == ["t%d" % trace.ops[w.step_info["first_op"]].writes[0]]
 
 
 def test_clicking_a_diagnosis_highlights_both_lines():
@@ -114,7 +117,7 @@ def test_clicking_a_diagnosis_highlights_both_lines():
     assert len(w.diagnoses) == 2
     w.selected_diagnosis = 1
     d = trace.diagnoses[1]
-    assert w.highlight_lines == [d.line, d.saved_line]
+    assert w.highlight_places == [[d.filename, d.line, "culprit"], [d.filename, d.saved_line, "saved"]]
 
 
 def broken():
@@ -134,6 +137,7 @@ def test_static_fallbacks_png_html_and_text():
     assert "application/vnd.jupyter.widget-view+json" in data
     html = data["text/html"]
     assert "A tensor saved for backward was modified in place" in html and "y += 1" in html and "<svg" in html
+    assert "tensor saved for backward" in html and "the line that broke it" in html  # the legend
     # A Trace as a cell's result shows the same.
     trace_bundle = trace._repr_mimebundle_()
     assert "image/png" in (trace_bundle[0] if isinstance(trace_bundle, tuple) else trace_bundle)
@@ -182,7 +186,7 @@ def test_strings_from_the_cell_are_escaped_and_drawn_as_typed():
     assert base64.b64decode(bundle["image/png"])[:4] == b"\x89PNG"
     scene = layout.build_scene(trace)
     assert draw.to_png(scene, opened=list(scene.boxes))[:4] == b"\x89PNG"  # the odd module names drawn too
-    assert any(XSS in line["text"] for line in w.source)
+    assert any(XSS in line for source in w.sources.values() for line in source["lines"])
 
 
 def test_front_end_writes_text_only_with_textContent():
@@ -262,3 +266,114 @@ def test_saved_html_is_one_file_with_everything_inline_and_escaped(tmp_path):
     assert not re.findall(r"<(?:script|link|img|iframe)[^>]*(?:src|href)=", text)
     assert "export default" in text and ".ja-root" in text  # widget.js and widget.css inline
     assert "A tensor saved for backward was modified in place" in text  # the static view, before the script runs
+
+
+# -- the panels around the graph, on the notebooks of tests/notebook_cases.py --------------------------
+
+def test_source_panel_shows_the_culprits_cell_and_the_cell_that_ran():
+    """The adapter's bug is in In [2]; the %%autograd cell is In [3]: the panel opens on In [2]
+    with both lines marked, and offers In [3]."""
+    trace = case("gpt2")
+    block = next(f for f, name in trace.source_names.items() if name == "In [3]")
+    w = AutogradWidget(trace, filename=block)  # as %%autograd makes it
+    d = trace.diagnoses[0]
+    labels = {f: (s["label"], s["role"]) for f, s in w.sources.items()}
+    assert labels[d.filename] == ("In [2]", "culprit") and ("In [3]", "block") in labels.values()
+    assert w.source_name == d.filename
+    assert w.highlight_places == [[d.filename, 18, "culprit"], [d.filename, 17, "saved"]]
+    assert w.sources[d.filename]["lines"][17].strip() == "h *= self.scale"
+    # Lines elsewhere than the panel's first file say which cell they are in.
+    w.selected = w.highlight_nodes[0]
+    history = w.details["tables"][0]["rows"]
+    assert history[-1][1] == "In [2], line 18"
+
+
+def test_a_parameter_shows_the_tensor_not_its_accumulator():
+    trace = case("loop")
+    w = AutogradWidget(trace)
+    leaf = next(row[0] for row in w.scene["items"] if row[5] == "mlp.0.weight")
+    w.selected = leaf
+    rows = dict(map(tuple, w.details["rows"]))
+    assert w.details["title"] == "mlp.0.weight" and rows["shape"] == "[32, 16]" and rows["dtype"] == "float32"
+    assert rows["grad"].startswith("tensor([") and rows["NaN/Inf in grad"] == "none seen"
+    assert rows["optimizer"] == "stepped it" and "created by" not in rows
+    history = w.details["tables"][0]["rows"]
+    assert len(history) <= 7 and history[3][2] == "%d more" % (len(trace.tensors[
+        next(t for t, i in trace.tensors.items() if i.name == "mlp.0.weight")].versions) - 6)
+
+
+def test_timeline_reads_by_line_and_iteration():
+    """150 iterations of 5 lines: steps are line runs grouped by iteration, chips are names
+    (never tensor#N), each once, and the optimizer step is one chip that says what it did."""
+    trace = case("loop")
+    w = AutogradWidget(trace)
+    assert len(w.iterations) == 150 and w.n_steps < len(trace.ops)
+    per_iteration = [b - a for a, b in zip(w.iterations, w.iterations[1:])]
+    assert max(per_iteration[1:]) == 4  # the forward line, backward, opt.step(), total_loss += loss
+    assert w.problem_step >= w.iterations[-1]  # total_loss += loss, in the last iteration
+    for i in range(w.iterations[-2], w.n_steps):
+        w.step = i
+        labels = [chip[0] for chip in w.step_info["chips"]]
+        assert not [c for c in labels if "tensor#" in c] and len(labels) == len(set(labels))
+        assert w.step_info["iteration"] == (148 if i < w.iterations[-1] else 149)
+    w.step = next(i for i in range(w.iterations[-1], w.n_steps)
+                  if (w.__setattr__("step", i) or True) and w.step_info["source"] == "opt.step()")
+    assert w.step_info["chips"][0][:2] == ["6 parameters updated", "written"]
+    assert "mlp.0.weight" in w.step_info["chips"][0][2] and "optimizer step" in w.step_info["note"]
+    w.step = w.problem_step
+    assert w.step_info["source"] == "total_loss += loss" and w.step_info["chips"][0][1] == "written"
+
+
+def test_the_problem_step_is_in_the_iteration_of_the_problem():
+    """The RNN's second iteration begins inside a line run (`out, state = rnn(x, state)` runs
+    several ops before the one that starts the forward): the run is that iteration's first step."""
+    w = AutogradWidget(case("rnn"))
+    assert len(w.iterations) == 2 and w.problem_step >= w.iterations[1]
+    w.step = w.iterations[1]
+    assert w.step_info["source"] == "out, state = rnn(x, state)" and w.step_info["iteration"] == 1
+
+
+def fake_grad_stats(trace):
+    """What trace.grad_stats() returns (its docstring on the report branch; not on main yet):
+    steps, then per parameter and per module a norm per step, ratios, flags."""
+    backward = [op.index for op in trace.ops if op.is_backward]
+    steps = [{"op_index": backward[0], "place": "In [2], line 12"}, {"op_index": backward[-1], "place": "In [2], line 12"}]
+
+    def entry(name, norms, flags, **more):
+        return dict({"name": name, "norms": norms, "flags": flags, "ratio": norms[-1] / 2.0, "change": norms[-1] / norms[0],
+                     "param_norm": 2.0, "nonfinite_at": None}, **more)
+    return {"steps": steps,
+            "parameters": [entry("mlp.0.weight", [1e-9, 2e-9], ["vanishing"], module="mlp.0", shape=[32, 16]),
+                           entry("mlp.0.bias", [1e-9, 1e-9], ["vanishing"], module="mlp.0", shape=[32]),
+                           entry("mlp.4.weight", [0.5, 0.4], [], module="mlp.4", shape=[1, 32])],
+            "modules": [entry("mlp", [0.5, 0.4], ["vanishing"], cls="Sequential", module=None,
+                              parameters=["mlp.0.weight", "mlp.0.bias", "mlp.4.weight"]),
+                        entry("mlp.0", [1.4e-9, 2.2e-9], ["vanishing"], cls="Linear", module="mlp",
+                              parameters=["mlp.0.weight", "mlp.0.bias"]),
+                        entry("mlp.4", [0.5, 0.4], [], cls="Linear", module="mlp", parameters=["mlp.4.weight"])],
+            "thresholds": {"vanishing_ratio": 2 ** -24, "vanishing_below_median": 1000.0, "exploding_ratio": 100.0}}
+
+
+def test_gradient_health_on_module_boxes_and_in_details():
+    trace = case("loop")
+    trace.grad_stats = lambda: fake_grad_stats(trace)
+    try:
+        w = AutogradWidget(trace)
+    finally:
+        del trace.grad_stats
+    norm, flags, tip = w.grad_health["mlp.0"]
+    assert norm == 2.2e-9 and flags == ["vanishing"] and "vanishing" in tip
+    assert w.grad_health["mlp.4"][1] == []
+    box = next(b[0] for b in w.scene["boxes"] if b[5] == "mlp.0")
+    trace.grad_stats = lambda: fake_grad_stats(trace)
+    try:
+        w.selected = box
+        rows = dict(map(tuple, w.details["rows"]))
+        assert rows["health"] == "vanishing" and rows["grad norm"] == "1: 1.4e-09, 2: 2.2e-09"
+        assert rows["why"] == ("vanishing: |grad| / |param| = 1.1e-09, below 5.96e-08 (an update at learning rate 1 is "
+                               "lost to float32 rounding)")
+        assert w.details["tables"][0]["rows"] == [["weight", "2e-09", "vanishing"], ["bias", "1e-09", "vanishing"]]
+        w.selected = next(row[0] for row in w.scene["items"] if row[5] == "mlp.0.weight")
+        assert dict(map(tuple, w.details["rows"]))["health"] == "vanishing"
+    finally:
+        del trace.grad_stats

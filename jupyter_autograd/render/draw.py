@@ -2,16 +2,18 @@
 
 Both draw what `layout.place` positions, so they show what the widget shows when it opens.
 
-Legend (shape and colour):
+Legend (shape and colour; LEGEND below, drawn under the picture and by widget.js):
     grey box             grad_fn node (a backward operation)
     green box            the grad_fn of a named result (`loss`, `out`)
     blue rounded box     leaf that gets .grad (AccumulateGrad, named by its parameter)
     orange box           a tensor a diagnosis talks about (saved for backward)
     red box              the line that broke backward (the write)
     red dashed box       the line that cut the chain to the parameters (detach, no_grad, .item())
-    dashed box           a module call (open: its contents; closed: click to open)
+    dashed box           a module call, or what one line made (open: its contents; closed: click to open)
     red outline          involved in a diagnosis
     red dashed edge      a written tensor, or the link a cut broke (no gradient flows back along it)
+    red edge             the way from the problem up to the loss
+    [2, 16, 64] on edge  the shape of the tensor whose gradient flows along it
 
 Every string from the trace is escaped here (SVG) or drawn as typed (matplotlib, no mathtext), clipped
 and with what is not printable written out (layout.clip).
@@ -23,7 +25,7 @@ import io
 import warnings
 from typing import Dict, List, Optional, Tuple
 
-from .layout import BOX_H, HEADER_H, ROOT, Placed, Scene, clip, place
+from .layout import BOX_H, HEADER_H, ROOT, Placed, Scene, clip, edge_points, place, route_of, stand_map
 
 # Colours: the light theme's, used where no JupyterLab CSS variable applies (PNG, GitHub).
 STYLE = {
@@ -42,41 +44,57 @@ TITLE_CHARS = 120  # per line of the title; the scene's labels are clipped where
 TITLE_LINE_H, TITLE_CHAR_W = 20, 7.6  # bold 12 px DejaVu Sans
 # In HTML the theme's variables win where they exist (JupyterLab, Notebook 7, light or dark).
 CSS_VAR = {"fn": "--jp-layout-color2", "box": "--jp-layout-color1", "fold": "--jp-layout-color0"}
+# What each colour and line means, for the kinds a scene holds: (kind, label).
+LEGEND = [("tensor", "named result"), ("fn", "backward op"), ("leaf", "parameter (gets .grad)"),
+          ("saved", "tensor saved for backward"), ("write", "the line that broke it"),
+          ("cut", "the line that cut the chain"), ("fold", "other iterations"), ("box", "module / line: click to open"),
+          ("path", "way to the loss"), ("shape", "shape of the gradient")]
+
+
+def legend(scene: Scene) -> List[Tuple[str, str]]:
+    """The entries of LEGEND that this scene draws."""
+    kinds = {x.kind for x in scene.items.values()}
+    if scene.boxes:
+        kinds.add("box")
+    if scene.path:
+        kinds.add("path")
+    if any(x.shape for x in scene.items.values()):
+        kinds.add("shape")
+    return [(k, label) for k, label in LEGEND if k in kinds]
 
 
 def visible(scene: Scene, opened) -> Tuple[List[Placed], Dict[str, str]]:
-    """What shows and, for every item, the thing standing for it (itself or its closed box)."""
-    placed, _, _ = place(scene, opened)
-    shown = {p.id for p in placed}
-    stand: Dict[str, str] = {}
-    for item in scene.items:
-        top = None
-        for box in reversed(scene.ancestors(item)):  # outermost first
-            if box not in opened or box not in scene.layers:
-                top = box
-                break
-        stand[item] = top or item
-    return placed, {k: v for k, v in stand.items() if v in shown}
+    """What shows and, for every item and box, the thing standing for it (itself or its closed box)."""
+    placement = place(scene, opened)
+    return placement.placed, stand_map(scene, opened, (p.id for p in placement.placed))
 
 
-def edges_between(scene: Scene, stand: Dict[str, str]) -> List[Tuple[str, str, str]]:
+def edges_between(scene: Scene, stand: Dict[str, str]) -> List[Tuple[str, str, str, str]]:
+    """The edges drawn: (from, to, kind, shape) between the things standing for their ends."""
     out, seen = [], set()
     for u, v, kind in scene.edges:
         a, b = stand.get(u), stand.get(v)
         if a is None or b is None or a == b or (a, b) in seen:
             continue
         seen.add((a, b))
-        out.append((a, b, kind))
+        out.append((a, b, kind, scene.items[v].shape if v in scene.items else ""))
     return out
+
+
+def edge_path(scene: Scene, placement, a: str, b: str) -> List[Tuple[float, float]]:
+    """The points of the edge from `a` to `b`, through the route points between them."""
+    at = placement.by_id()
+    lanes = [placement.lanes[p] for p in route_of(scene, a, b) if p in placement.lanes]
+    return edge_points(at[a], at[b], lanes)
 
 
 def to_svg(scene: Scene, opened=None, title: str = "", max_width: Optional[int] = None) -> str:
     """The first view as one SVG element; every string escaped."""
     opened = scene.open if opened is None else opened
     titles = title_lines(title)
-    placed, stand = visible(scene, set(opened))
-    _, width, height = place(scene, set(opened))
-    at = {p.id: p for p in placed}
+    placement = place(scene, set(opened))
+    placed, width, height = placement.placed, placement.width, placement.height
+    stand = stand_map(scene, set(opened), (p.id for p in placed))
     margin = 8
     top = TITLE_LINE_H * len(titles) + 4 if titles else 0
     w, h = max(width, title_width(titles)) + 2 * margin, height + 2 * margin + top
@@ -101,11 +119,10 @@ def to_svg(scene: Scene, opened=None, title: str = "", max_width: Optional[int] 
             if not p.open:
                 out.append('<text x="%.1f" y="%.1f" fill="var(--jp-ui-font-color2, %s)" font-size="11">%s</text>'
                            % (p.x + 8, p.y + BOX_H - 7, SUBTEXT, esc(box.sub)))
-    for a, b, kind in edges_between(scene, stand):
-        pa, pb = at[a], at[b]
+    for a, b, kind, _ in edges_between(scene, stand):
         red = kind in ("overwrote", "cut")
         out.append('<path d="%s" fill="none" stroke="%s" stroke-width="%s"%s/>'
-                   % (_curve(pa, pb), PROBLEM if red else "#868e96", "2" if red else "1.2",
+                   % (_curve(edge_path(scene, placement, a, b)), PROBLEM if red else "#868e96", "2" if red else "1.2",
                       ' stroke-dasharray="4 3"' if kind in ("saves", "overwrote", "cut") else ""))
     for p in placed:
         if p.is_box:
@@ -140,15 +157,17 @@ def title_width(lines: List[str]) -> float:
     return max((len(line) * TITLE_CHAR_W for line in lines), default=0.0)
 
 
-def _curve(a: Placed, b: Placed) -> str:
-    x1, y1 = a.x + a.w / 2, a.y + a.h
-    x2, y2 = b.x + b.w / 2, b.y
-    if y2 <= y1:  # side by side (same row): from the side
-        x1, y1 = (a.x + a.w, a.y + a.h / 2) if b.x > a.x else (a.x, a.y + a.h / 2)
-        x2, y2 = (b.x, b.y + b.h / 2) if b.x > a.x else (b.x + b.w, b.y + b.h / 2)
-        return "M%.1f %.1fL%.1f %.1f" % (x1, y1, x2, y2)
-    dy = max(12.0, (y2 - y1) / 2)
-    return "M%.1f %.1fC%.1f %.1f %.1f %.1f %.1f %.1f" % (x1, y1, x1, y1 + dy, x2, y2 - dy, x2, y2)
+def _curve(points: List[Tuple[float, float]]) -> str:
+    """Straight down each lane, smooth between rows (vertical tangents), as widget.js draws."""
+    (x1, y1) = points[0]
+    out = ["M%.1f %.1f" % (x1, y1)]
+    for (xa, ya), (xb, yb) in zip(points, points[1:]):
+        if xa == xb or yb <= ya:
+            out.append("L%.1f %.1f" % (xb, yb))
+        else:
+            dy = max(6.0, (yb - ya) / 2)
+            out.append("C%.1f %.1f %.1f %.1f %.1f %.1f" % (xa, ya + dy, xb, yb - dy, xb, yb))
+    return "".join(out)
 
 
 def to_png(scene: Scene, opened=None, title: str = "", max_pixels: int = 2400) -> bytes:
@@ -159,8 +178,9 @@ def to_png(scene: Scene, opened=None, title: str = "", max_pixels: int = 2400) -
 
     opened = scene.open if opened is None else opened
     titles = title_lines(title)
-    placed, stand = visible(scene, set(opened))
-    _, width, height = place(scene, set(opened))
+    placement = place(scene, set(opened))
+    placed, width, height = placement.placed, placement.width, placement.height
+    stand = stand_map(scene, set(opened), (p.id for p in placed))
     top = TITLE_LINE_H * len(titles) + 6 if titles else 0
     w_px, h_px = max(width, title_width(titles)) + 16, height + 16 + top
     scale = min(1.0, max_pixels / max(w_px, h_px))
@@ -172,7 +192,6 @@ def to_png(scene: Scene, opened=None, title: str = "", max_pixels: int = 2400) -
     ax.set_ylim(max(h_px, 60 / scale) - 8 - top, -8 - top)  # y grows downwards, as in the SVG
     font = 12 * scale * 72 / dpi  # 12 px text, in points
     text_kw = dict(usetex=False, parse_math=False, fontfamily="DejaVu Sans")
-    at = {p.id: p for p in placed}
     for i, line in enumerate(titles):
         ax.text(0, -top + 16 + TITLE_LINE_H * i, line, fontsize=font, color=PROBLEM, fontweight="bold", **text_kw)
     for p in placed:
@@ -187,12 +206,14 @@ def to_png(scene: Scene, opened=None, title: str = "", max_pixels: int = 2400) -
                 fontweight="bold", zorder=4, **text_kw)
         if not p.open:
             ax.text(p.x + 8, p.y + BOX_H - 7, box.sub, fontsize=font * 0.9, color=SUBTEXT, zorder=4, **text_kw)
-    for a, b, kind in edges_between(scene, stand):
-        pa, pb = at[a], at[b]
-        x1, y1, x2, y2 = pa.x + pa.w / 2, pa.y + pa.h, pb.x + pb.w / 2, pb.y
-        dy = max(12.0, (y2 - y1) / 2)
-        path = Path([(x1, y1), (x1, y1 + dy), (x2, y2 - dy), (x2, y2)],
-                    [Path.MOVETO, Path.CURVE4, Path.CURVE4, Path.CURVE4])
+    for a, b, kind, _ in edges_between(scene, stand):
+        points = edge_path(scene, placement, a, b)
+        vertices, codes = [points[0]], [Path.MOVETO]
+        for (xa, ya), (xb, yb) in zip(points, points[1:]):
+            dy = max(6.0, (yb - ya) / 2)
+            vertices += [(xa, ya + dy), (xb, yb - dy), (xb, yb)]
+            codes += [Path.CURVE4] * 3
+        path = Path(vertices, codes)
         red = kind in ("overwrote", "cut")
         ax.add_patch(PathPatch(path, fc="none", ec=PROBLEM if red else "#868e96", lw=1.6 if red else 0.9,
                                linestyle="--" if kind in ("saves", "overwrote", "cut") else "-", zorder=2))

@@ -11,7 +11,18 @@ static SVG and PNG). It holds:
   of consecutive operations;
 - layers: for each box laid out, its children in layers (networkx, longest path from the
   root down), so that the front end only places them;
-- edges: from a node to what it needs in backward, between the deepest drawn things.
+- edges: from a node to what it needs in backward, between the deepest drawn things, with the
+  shape of the tensor whose gradient flows along them;
+- routes: an edge that skips layers of its box passes through route points, one per layer it
+  crosses, placed among the children like narrow nodes, so that it runs between nodes and
+  never behind one (the dummy nodes of a Sugiyama layout);
+- core and path: what the first view must show (the nodes a diagnosis is about) and the way from
+  there to the root; `first_view` says where the view starts for a pane of a given size, as
+  widget.js computes it.
+
+Runs of three or more nodes that one line of the user's code made outside any module
+(`loss = F.cross_entropy(logits[:, :-1].reshape(-1, V), ...)`) share a box named by that line,
+so the way from the loss to the model is one step, not five.
 
 Why boxes never make cycles: backward edges run from a node to nodes made by earlier
 operations, and every box (a module call, a chunk) holds one run of consecutive operations,
@@ -20,10 +31,13 @@ sources, so where they sit cannot close a cycle either.
 
 Why one iteration: a training loop's graph repeats; the view shows the iteration with the
 problem (or the last one) and folds the others into one box, so it does not grow with the
-number of steps.
+number of steps. An iteration starts where a forward pass starts (see `iteration_starts`), so
+what a loop does after its backward call (the optimizer step, `total_loss += loss`) belongs to
+the iteration whose loss it used.
 """
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
@@ -40,10 +54,20 @@ EAGER_ITEMS = 3000       # items laid out before the first screen; deeper boxes 
 ROOT = ""                # the id of the outermost box (the cell itself)
 FOLD = "fold"            # the item standing for the iterations not shown
 
+LINE_BOX_MIN = 3         # nodes one line made outside modules before they share a box
+ROUTE = "~"              # the prefix of route points' ids
+
 # Geometry shared by the static drawings (draw.py); widget.js uses the same numbers.
 NODE_H, BOX_H, HEADER_H, PAD = 36, 40, 22, 10
 GAP_X, GAP_Y, ROW_GAP, ROW_MAX = 16, 30, 12, 8
 CHAR_W, MIN_W, MAX_W, MAX_CHARS = 7.0, 64, 250, 34
+ROUTE_W = 8              # the width a route point takes in its row
+# The first view: the smallest text is 11 px (sublabels, shapes on edges), so the view starts
+# at 100% at most, never smaller (READABLE_ZOOM); MARGIN inside the pane; the overview map's
+# box in the pane's bottom right corner (widget.css: .ja-minimap), which the first view keeps
+# clear of what it is about.
+SMALLEST_FONT, READABLE_ZOOM, MARGIN = 11, 1.0, 16
+MINIMAP_W, MINIMAP_H, MINIMAP_INSET = 96, 110, 6
 
 
 @dataclass(slots=True)
@@ -57,12 +81,14 @@ class Item:
     pos: float = 0.0       # place in the operation order (boxes hold runs of it)
     problem: bool = False
     line: int = 0          # the line in the user's file that made it, 0 when elsewhere
+    shape: str = ""        # the shape of what it made: edges into it carry a gradient of that shape
+    where: Tuple[str, int] = ("", 0)  # the file and line that made it
 
 
 @dataclass(slots=True)
 class Box:
     id: str
-    kind: str              # module or chunk
+    kind: str              # module, line (what one line made outside modules) or chunk
     label: str
     sub: str = ""
     name: str = ""
@@ -79,13 +105,26 @@ class Scene:
     boxes: Dict[str, Box] = field(default_factory=dict)
     edges: List[Tuple[str, str, str]] = field(default_factory=list)  # item to item, kind
     layers: Dict[str, List[List[str]]] = field(default_factory=dict)  # box id -> layers of child ids
+    # box id -> [child u, child v, route points between them]: the long edges among its children
+    routes: Dict[str, List[Tuple[str, str, List[str]]]] = field(default_factory=dict)
+    route_index: Dict[Tuple[str, str], List[str]] = field(default_factory=dict)  # (u, v) -> its route points
     open: List[str] = field(default_factory=list)    # boxes open in the first view
-    focus: List[str] = field(default_factory=list)   # what the first view centres on
+    core: List[str] = field(default_factory=list)    # what the first view must show: the problem's nodes
+    focus: List[str] = field(default_factory=list)   # what it shows around them, when there is room
     path: List[str] = field(default_factory=list)    # root ... problem node, to highlight
+    names: Dict[str, str] = field(default_factory=dict)  # a tensor's name -> the item that stands for it
+    problems: List[List[str]] = field(default_factory=list)  # per diagnosis, the items it is about
     note: str = ""
     total_nodes: int = 0   # grad_fn nodes in the whole trace
     shown_nodes: int = 0   # of them, in the iteration drawn
     _lifted: Optional[Dict[str, Set[Tuple[str, str]]]] = None
+    _crossing: Optional[Dict[str, Set[Tuple[str, str]]]] = None
+    _route_first: Dict[str, float] = field(default_factory=dict)  # route point -> its place in op order
+
+    def new_route_point(self, first: float) -> str:
+        point = "%s%d" % (ROUTE, len(self._route_first))
+        self._route_first[point] = first
+        return point
 
     # -- hierarchy helpers -----------------------------------------------------------------------
     def parent_of(self, node_id: str) -> Optional[str]:
@@ -107,8 +146,18 @@ class Scene:
 
     def lifted_edges(self) -> Dict[str, Set[Tuple[str, str]]]:
         """For each box, the edges between its children that the item-level edges imply."""
-        if self._lifted is not None:
-            return self._lifted
+        if self._lifted is None:
+            self._lift()
+        return self._lifted
+
+    def crossings(self) -> Dict[str, Set[Tuple[str, str]]]:
+        """For each box, its children that an edge leaves the box from, `(child, "")`, or enters
+        it to, `("", child)`: their edges are routed down to the box's bottom or from its top."""
+        if self._crossing is None:
+            self._lift()
+        return self._crossing
+
+    def _lift(self) -> None:
         depth: Dict[str, int] = {ROOT: 0}
 
         def depth_of(x: str) -> int:
@@ -118,6 +167,7 @@ class Scene:
             return d
 
         out: Dict[str, Set[Tuple[str, str]]] = defaultdict(set)
+        crossing: Dict[str, Set[Tuple[str, str]]] = defaultdict(set)
         for u, v, _ in self.edges:
             pu, pv = self.parent_of(u), self.parent_of(v)
             if pu == pv:  # the common case: two things in one box
@@ -125,16 +175,19 @@ class Scene:
                 continue
             du, dv = depth_of(u), depth_of(v)
             while du > dv:
+                crossing[pu].add((u, ""))
                 u, pu, du = pu, self.parent_of(pu), du - 1
             while dv > du:
+                crossing[pv].add(("", v))
                 v, pv, dv = pv, self.parent_of(pv), dv - 1
             while pu != pv:
+                crossing[pu].add((u, ""))
+                crossing[pv].add(("", v))
                 u, pu = pu, self.parent_of(pu)
                 v, pv = pv, self.parent_of(pv)
             if u != v:
                 out[pu].add((u, v))
-        self._lifted = out
-        return out
+        self._lifted, self._crossing = out, crossing
 
     # -- what the front end receives -------------------------------------------------------------
     def to_json(self, laid_out: Optional[Iterable[str]] = None) -> Dict:
@@ -149,15 +202,18 @@ class Scene:
             if a is None or b is None or a == b or (a, b) in seen:
                 continue
             seen.add((a, b))
-            edges.append([a, b, kind])
+            edges.append([a, b, kind, self.items[v].shape if v in self.items else ""])
         return {
             "items": [[x.id, x.kind, x.label, x.sub, x.parent, x.name, int(x.problem)] for x in sent_items],
             "boxes": [[b.id, b.kind, b.label, b.sub, b.parent, b.name, b.count, int(b.id in laid)]
                       for b in sent_boxes],
             "layers": {b: self.layers[b] for b in laid if b in self.layers},
+            "routes": {b: self.routes[b] for b in laid if self.routes.get(b)},
             "edges": edges,
             "open": [b for b in self.open if b in laid],
-            "focus": list(self.focus), "path": list(self.path), "note": self.note,
+            "core": list(self.core), "focus": list(self.focus), "path": list(self.path), "note": self.note,
+            "names": [[name, target] for name, target in self.names.items()],
+            "problems": [list(p) for p in self.problems],
         }
 
     def _deepest_sent(self, x: str, sent: Set[str]) -> Optional[str]:
@@ -175,9 +231,16 @@ def main_file(trace: Trace) -> str:
     for d in trace.diagnoses:
         if d.filename:
             return d.filename
-    files = Counter(op.location.filename for op in trace.ops if op.location and not op.module)
-    files = files or Counter(op.location.filename for op in trace.ops if op.location)
-    return files.most_common(1)[0][0] if files else ""
+    return block_file(trace)
+
+
+def block_file(trace: Trace) -> str:
+    """The file of the block itself (the `%%autograd` cell): where its last op outside any
+    module ran (a block ends in its own code; its first ops may run in a model's __init__)."""
+    for op in reversed(trace.ops):
+        if op.location is not None and not op.module:
+            return op.location.filename
+    return next((op.location.filename for op in trace.ops if op.location is not None), "")
 
 
 def write_id(op_index: int) -> str:
@@ -214,29 +277,49 @@ def lay_out(scene: Scene, boxes: Iterable[str]) -> List[str]:
     return wanted
 
 
+def iteration_starts(trace: Trace) -> List[int]:
+    """The op index where each iteration of the block starts: 0, then, after each backward call,
+    the first op that begins a forward pass (its grad_fn reaches a leaf through nodes made since
+    that backward). What runs between a backward and the next forward (the optimizer step,
+    logging, `total_loss += loss`) belongs to the iteration that just ran backward, and a block
+    that only does such things after its last backward has no iteration of its own there."""
+    backward = [op.index for op in trace.ops if op.is_backward]
+    if not backward:
+        return [0]
+    nodes = trace.nodes
+    made_by: Dict[int, List[int]] = defaultdict(list)
+    for key, n in nodes.items():
+        if n.created_by is not None:
+            made_by[n.created_by].append(key)
+    starts = [0]
+    bounds = backward + [len(trace.ops)]
+    for after, end in zip(bounds, bounds[1:]):
+        fresh: Set[int] = set()
+        for op_index in range(after + 1, end):
+            for key in made_by.get(op_index, ()):
+                if any(nodes[c].variable is not None or c in fresh for c in nodes[key].inputs if c in nodes):
+                    fresh.add(key)
+            if fresh:
+                starts.append(op_index)
+                break
+    return starts
+
+
+def iteration_of(starts: List[int], op_index: int) -> int:
+    """The iteration (0-based) that op `op_index` belongs to."""
+    return max(0, bisect.bisect_right(starts, op_index) - 1)
+
+
 def _iteration(trace: Trace):
     """The grad_fn nodes of the iteration to draw: the one a diagnosis points at, else the last.
 
-    Iterations are the runs of operations between backward calls. Returns the node keys,
-    the run's first and last op index, and how many nodes of other iterations were left out.
+    Returns the node keys, the iteration's first and last op index, and how many nodes of other
+    iterations were left out.
     """
-    backward = [op.index for op in trace.ops if op.is_backward]
     nodes = trace.nodes
-    if not backward:
-        return set(nodes), -1, len(trace.ops), 0
-
-    def run_of(op_index: int) -> int:
-        lo, hi = 0, len(backward)
-        while lo < hi:  # the number of backward calls before op_index
-            mid = (lo + hi) // 2
-            if backward[mid] < op_index:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
-    per_run = Counter(run_of(n.created_by) for n in nodes.values() if n.created_by is not None)
-    if len(per_run) <= 1:
+    starts = iteration_starts(trace)
+    per_iteration = Counter(iteration_of(starts, n.created_by) for n in nodes.values() if n.created_by is not None)
+    if len(per_iteration) <= 1:
         return set(nodes), -1, len(trace.ops), 0
     chosen = None
     for d in trace.diagnoses:
@@ -244,12 +327,12 @@ def _iteration(trace: Trace):
         if at is None and d.node_key in nodes:
             at = nodes[d.node_key].created_by
         if at is not None:
-            chosen = run_of(at)
+            chosen = iteration_of(starts, at)
             break
-    if chosen is None or chosen not in per_run:
-        chosen = max(per_run)
-    lo = backward[chosen - 1] + 1 if chosen > 0 else 0
-    hi = backward[chosen] if chosen < len(backward) else len(trace.ops)
+    if chosen is None or chosen not in per_iteration:
+        chosen = max(per_iteration)
+    lo = starts[chosen]
+    hi = starts[chosen + 1] - 1 if chosen + 1 < len(starts) else len(trace.ops)
     start = [k for k, n in nodes.items() if n.created_by is not None and lo <= n.created_by <= hi]
     keep, queue = set(start), deque(start)
     while queue:  # what this iteration's nodes lead to: leaves and nodes from before the block
@@ -286,9 +369,59 @@ def _shape(trace: Trace, tid: Optional[int]) -> str:
     return "[%s]" % ", ".join(str(s) for s in info.shape) if info.shape else "scalar"
 
 
+def _node_shape(trace: Trace, key: int) -> str:
+    """The shape of what node `key` made (its gradient's shape), when that is one shape: the
+    op's output for the node an op recorded as its own, the parameter's for a leaf."""
+    n = trace.nodes[key]
+    if n.variable is not None:
+        return _shape(trace, n.variable)
+    if n.created_by is None or not 0 <= n.created_by < len(trace.ops):
+        return ""
+    op = trace.ops[n.created_by]
+    if op.node != key or not op.outputs:
+        return ""  # one of several nodes of one op (an RNN's steps): which output is not known
+    if len(op.outputs) == 1:
+        return _shape(trace, op.outputs[0])
+    shapes = {_shape(trace, tid) for tid in op.outputs}
+    return shapes.pop() if len(shapes) == 1 else ""
+
+
+def _short_label(trace: Trace, tid: int) -> str:
+    """A tensor's name, else what made it (`F.linear output`): tensor_label's description is a
+    sentence, too long for a box."""
+    info = trace.tensors.get(tid)
+    if info is None or info.name:
+        return trace.tensor_label(tid)
+    if info.created_by is not None and 0 <= info.created_by < len(trace.ops):
+        return "%s output" % trace.ops[info.created_by].name
+    return "input " + _shape(trace, tid)
+
+
+def _saved_state(d) -> str:
+    """What a saved tensor's box adds to its name, so that it is not mistaken for the node of
+    the same name: the version it was saved at, or that its graph was freed."""
+    if d.kind == "graph-freed":
+        return " (graph freed)"
+    return " (saved v%d)" % d.saved_version if d.saved_version is not None else " (saved)"
+
+
+def line_labeller(trace: Trace):
+    """`where(op_index)`: the line an op ran at, as the labels say it: `line 7` when the trace's
+    lines are all in one file, else `In [2], line 7` (a cell) or `model.py, line 41`."""
+    ops = trace.ops
+    files = {op.location.filename for op in ops if op.location is not None}
+    one_file = len(files) <= 1
+
+    def where(op_index: Optional[int]) -> str:
+        if op_index is None or not 0 <= op_index < len(ops) or ops[op_index].location is None:
+            return ""
+        loc = ops[op_index].location
+        return "line %d" % loc.line if one_file else trace.place(loc.filename, loc.line)
+    return where
+
+
 def _items(trace: Trace, scene: Scene, keys: Set[int], lo: int, folded: int) -> None:
     nodes, ops, items = trace.nodes, trace.ops, scene.items
-    here = main_file(trace)
     named: Dict[int, str] = {}
     for info in trace.tensors.values():
         if info.name and info.node is not None and not info.is_leaf:
@@ -302,14 +435,8 @@ def _items(trace: Trace, scene: Scene, keys: Set[int], lo: int, folded: int) -> 
         for child in n.inputs:
             if child in keys and (child not in first_use or at < first_use[child]):
                 first_use[child] = at
-
-    def where(op_index: Optional[int]) -> str:
-        if op_index is None or not 0 <= op_index < len(ops) or ops[op_index].location is None:
-            return ""
-        loc = ops[op_index].location
-        if loc.filename == here:
-            return "line %d" % loc.line
-        return "%s:%d" % (loc.filename.replace("\\", "/").rsplit("/", 1)[-1], loc.line)
+    where = line_labeller(trace)
+    here = main_file(trace)
 
     leaf_of: Dict[int, str] = {}
     for key in keys:
@@ -320,20 +447,24 @@ def _items(trace: Trace, scene: Scene, keys: Set[int], lo: int, folded: int) -> 
             full = trace.tensor_label(n.variable)
             items[nid] = Item(nid, "leaf", clip(_short_name(full)), clip("AccumulateGrad " + _shape(trace, n.variable)),
                               full, pos=first_use.get(key, -1) - 0.5, problem=key in problem_keys
-                              or n.variable in problem_tids)
+                              or n.variable in problem_tids, shape=_shape(trace, n.variable))
             items[nid].parent = "param:" + full if info is not None and "." in full else ""
             leaf_of[n.variable] = nid
             continue
         pos = float(n.created_by) if n.created_by is not None else first_use.get(key, -1) - 0.5
         sub = clip(" ".join(s for s in (n.name, where(n.created_by)) if s))
+        shape = _node_shape(trace, key)
         if key in named:
-            items[nid] = Item(nid, "tensor", clip(named[key]), sub, named[key], pos=pos, problem=key in problem_keys)
+            items[nid] = Item(nid, "tensor", clip(named[key]), sub, named[key], pos=pos, problem=key in problem_keys,
+                              shape=shape)
         else:
             items[nid] = Item(nid, "fn", clip(n.name), clip(where(n.created_by)), n.name, pos=pos,
-                              problem=key in problem_keys)
+                              problem=key in problem_keys, shape=shape)
         op = ops[n.created_by] if n.created_by is not None and 0 <= n.created_by < len(ops) else None
-        if op is not None and op.location is not None and op.location.filename == here:
-            items[nid].line = op.location.line
+        if op is not None and op.location is not None:
+            items[nid].where = (op.location.filename, op.location.line)
+            if op.location.filename == here:
+                items[nid].line = op.location.line
     for key in keys:
         n = nodes[key]
         for child in n.inputs:
@@ -351,26 +482,38 @@ def _items(trace: Trace, scene: Scene, keys: Set[int], lo: int, folded: int) -> 
                       "calls)." % (len(keys), len(nodes), folded, n_runs - 1))
     # What a diagnosis talks about: the tensor it names, the write that changed it.
     for d in trace.diagnoses:
-        targets = []
+        targets: List[str] = []
+        wid = None
         for tid in d.tids:
             if tid in leaf_of:
                 targets.append(leaf_of[tid])
                 continue
             tensor_item = "t%d" % tid
             savers = ["fn%d" % n.key for n in (nodes[k] for k in keys) for s in n.saved if s.tid == tid]
+            info = trace.tensors.get(tid)
+            own_node = "fn%d" % info.node if info is not None and info.node is not None else None
+            if not savers and own_node in items:  # the tensor is drawn already: its grad_fn, by its name
+                items[own_node].problem = True
+                targets.append(own_node)
+                continue
             if tensor_item not in items:
-                info = trace.tensors.get(tid)
                 full = trace.tensor_label(tid)
                 at = info.created_by if info is not None and info.created_by is not None else None
                 if at is None:  # made before the block: it sits where it is first used
                     at = next((op.index for op in ops if tid in op.inputs), None)
                 no_grad_fn = d.kind == "graph-cut" and info is not None and info.node is None
-                items[tensor_item] = Item(tensor_item, "saved" if savers else "tensor", clip(full),
-                                          clip(" ".join(s for s in ("saved" if savers else "tensor",
-                                                                     _shape(trace, tid),
-                                                                     "(no grad_fn)" if no_grad_fn else "") if s)),
-                                          full, pos=float(at) if at is not None else -1.0, problem=True)
-                if "." in full:
+                if savers:  # the value a node saved, beside the node that holds the tensor now (same name)
+                    label = clip(_short_label(trace, tid), MAX_CHARS - 12) + _saved_state(d)
+                    now = "now v%d" % d.current_version if d.current_version is not None else ""
+                    sub = " ".join(s for s in ("tensor", _shape(trace, tid), now) if s)
+                else:
+                    label = clip(full)
+                    sub = " ".join(s for s in ("tensor", _shape(trace, tid), "(no grad_fn)" if no_grad_fn else "")
+                                   if s)
+                items[tensor_item] = Item(tensor_item, "saved" if savers else "tensor", label, clip(sub), full,
+                                          pos=float(at) if at is not None else -1.0, problem=True,
+                                          shape=_shape(trace, tid))
+                if info is not None and info.is_leaf and info.name and "." in info.name:  # a module's parameter
                     items[tensor_item].parent = "param:" + full
                 elif at is not None:
                     items[tensor_item].parent = "op:%d" % at
@@ -388,11 +531,35 @@ def _items(trace: Trace, scene: Scene, keys: Set[int], lo: int, folded: int) -> 
                 items[wid] = Item(wid, "cut" if cut else "write", clip(text), clip(
                     where(d.op_index) + (": chain cut here" if cut else " " + d.kind)), text,
                                   pos=float(d.op_index), problem=True)
+                if op.location is not None:
+                    items[wid].where = (op.location.filename, op.location.line)
                 items[wid].parent = "op:%d" % d.op_index
                 if cut:
                     _cut_edges(trace, scene, op, wid, targets)
                 elif targets:
                     scene.edges.append((wid, targets[0], "overwrote"))
+        found = list(dict.fromkeys(targets + ([wid] if wid in items else [])))
+        found.sort(key=lambda i: items[i].kind != "cut")  # a cut is what its card is about: first
+        scene.problems.append(found)
+    _names(trace, scene, keys)
+
+
+def _names(trace: Trace, scene: Scene, keys: Set[int]) -> None:
+    """Every name of the trace that find should reach, to the item standing for it: a named
+    result's node, a parameter's leaf; a tensor of a folded iteration, the folded box."""
+    items = scene.items
+    drawn_names = {x.name for x in items.values()}
+    accumulator = {n.variable: k for k, n in trace.nodes.items() if n.variable is not None}
+    for info in trace.tensors.values():
+        if not info.name or info.name in drawn_names or info.name in scene.names:
+            continue
+        key = accumulator.get(info.tid) if info.is_leaf else info.node
+        if key is None or key not in trace.nodes:
+            continue
+        if "fn%d" % key in items:
+            scene.names[info.name] = "fn%d" % key
+        elif FOLD in items and key not in keys:
+            scene.names[info.name] = FOLD
 
 
 def _cut_here(trace: Trace, d, op) -> bool:
@@ -472,6 +639,19 @@ def _boxes(trace: Trace, scene: Scene, max_children: int) -> None:
             item.parent = call_of_op[int(item.pos)]
         else:
             item.parent = ROOT
+    # A saved tensor sits with the first node that saved it: edges into it then come from that
+    # node's box or from boxes of later operations, as all edges between boxes do (no cycle).
+    first_saver: Dict[str, str] = {}
+    for u, v, kind in scene.edges:
+        if kind == "saves" and v in scene.items and u in scene.items and (
+                v not in first_saver or scene.items[u].pos < scene.items[first_saver[v]].pos):
+            first_saver[v] = u
+    for v, u in first_saver.items():
+        scene.items[v].parent = scene.items[u].parent
+    # A write sits beside the tensor it changed (it only points at it: no cycle can come of it).
+    for u, v, kind in scene.edges:
+        if kind == "overwrote" and v in scene.items:
+            scene.items[u].parent = scene.items[v].parent
     # Keep only boxes that hold something; count what they hold.
     holding: Dict[str, List[str]] = defaultdict(list)
     for item in scene.items.values():
@@ -486,13 +666,51 @@ def _boxes(trace: Trace, scene: Scene, max_children: int) -> None:
         if box_id and box_id in boxes:
             boxes[box_id].children = children
     scene.boxes = boxes
+    holding[ROOT] = _line_boxes(trace, scene, holding[ROOT])
     _chunk(scene, ROOT, holding[ROOT], max_children)
     for box_id in list(boxes):
-        if boxes[box_id].kind == "module":
+        if boxes[box_id].kind in ("module", "line"):
             _chunk(scene, box_id, boxes[box_id].children, max_children)
     for box in boxes.values():
         if box.kind == "module":
             box.sub = ", ".join(s for s in (box.sub, "%d nodes" % box.count) if s)
+
+
+def _line_boxes(trace: Trace, scene: Scene, children: List[str]) -> List[str]:
+    """Runs of LINE_BOX_MIN or more consecutive nodes one line made outside any module go into a
+    box named by that line. Only consecutive children (in op order) share a box, so a box still
+    holds one run of operations (no cycles between boxes: see the module docstring)."""
+    where = line_labeller(trace)
+    ordered = sorted(children, key=lambda c: _first(scene, c))
+    out: List[str] = []
+
+    def line_of(child: str) -> Tuple[str, int]:
+        item = scene.items.get(child)
+        return item.where if item is not None and item.kind in ("fn", "tensor") else ("", 0)
+
+    i = 0
+    while i < len(ordered):
+        j = i + 1
+        key = line_of(ordered[i])
+        while key[1] and j < len(ordered) and line_of(ordered[j]) == key:
+            j += 1
+        run = ordered[i:j]
+        # (a run longer than a box may hold is a loop on one line: chunks say more about it)
+        if key[1] and LINE_BOX_MIN <= len(run) <= MAX_CHILDREN and len(run) < len(ordered):
+            first = scene.items[run[0]]
+            source = trace.source_line(*key).strip()
+            box_id = "l:%d" % int(first.pos)
+            label = where(int(first.pos)) + (": " + source if source else "")
+            scene.boxes[box_id] = Box(box_id, "line", clip(label), "%d nodes" % len(run), source or label, ROOT,
+                                      first=first.pos, children=list(run), count=len(run),
+                                      lines=(first.line, first.line))
+            for c in run:
+                scene.items[c].parent = box_id
+            out.append(box_id)
+        else:
+            out.extend(run)
+        i = j
+    return out
 
 
 def _box_label(name: str) -> str:
@@ -503,7 +721,10 @@ def _box_label(name: str) -> str:
 
 def _first(scene: Scene, child: str) -> float:
     box = scene.boxes.get(child)
-    return box.first if box is not None else scene.items[child].pos
+    if box is not None:
+        return box.first
+    item = scene.items.get(child)
+    return item.pos if item is not None else scene._route_first[child]
 
 
 def _chunk(scene: Scene, parent: str, children: List[str], max_children: int) -> None:
@@ -565,7 +786,9 @@ def children_of(scene: Scene, box: str) -> List[str]:
 
 
 def _focus(trace: Trace, scene: Scene) -> None:
-    """Open what the problem is about, with the way to the root; else the model's first level."""
+    """What the first view must show (core: the first diagnosis's items), the way from there to
+    the root (path), what it shows around them when there is room (focus), and the boxes open
+    (those holding the problems and the nodes right above them; else the model's first level)."""
     items = scene.items
     preds: Dict[str, List[str]] = defaultdict(list)
     succs: Dict[str, List[str]] = defaultdict(list)
@@ -576,15 +799,18 @@ def _focus(trace: Trace, scene: Scene) -> None:
     fed = {v for _, v, _ in scene.edges}
     roots = [i for i, x in items.items() if i not in fed and x.kind in ("fn", "tensor")]
     focus: List[str] = []
-    for d in trace.diagnoses[:3]:
-        core = ["t%d" % t for t in d.tids] + (["fn%d" % d.node_key] if d.node_key is not None else [])
-        core += [write_id(d.op_index)] if d.op_index is not None else []
+    to_open: List[str] = []
+    for core in scene.problems[:3]:
         core = [c for c in core if c in items]
-        core += [i for i, x in items.items() if x.kind == "leaf" and x.problem and i not in core][:4]
+        if not scene.core:
+            scene.core = list(core)
         focus.extend(core)
+        to_open.extend(core)
         for c in core:  # a cut: what fed it and what it starved, around it
             if items[c].kind == "cut":
-                focus.extend(p for p in preds[c] + succs[c] if p in items)
+                around = [p for p in preds[c] + succs[c] if p in items]
+                focus.extend(around)
+                to_open.extend(around)
         start = next((c for c in core if c.startswith("fn")), None)
         if start is None:
             start = next((p for c in core for p in preds[c] if p.startswith("fn")), None)
@@ -608,8 +834,10 @@ def _focus(trace: Trace, scene: Scene) -> None:
             n = back[n]
         if not scene.path:
             scene.path = path
+        above = [p for p in preds[start] if p in items]
+        focus.extend(above)
+        to_open.extend(above)
         focus.append(top)
-        focus.extend(p for p in preds[start] if p in items)
         # Affected leaves: the nearest parameters the broken node feeds.
         seen, queue, leaves = {start}, deque([start]), []
         while queue and len(leaves) < 4:
@@ -622,7 +850,7 @@ def _focus(trace: Trace, scene: Scene) -> None:
         focus.extend(leaves)
     scene.focus = list(dict.fromkeys(focus))
     opened: List[str] = []
-    for f in scene.focus:
+    for f in dict.fromkeys(to_open):
         opened.extend(reversed(scene.ancestors(f)))
     if not scene.focus:
         scene.focus = roots[:3]
@@ -663,7 +891,8 @@ def _eager(scene: Scene, budget: int) -> List[str]:
 
 
 def layer_box(scene: Scene, box: str, edges: Iterable[Tuple[str, str]]) -> List[List[str]]:
-    """Layers of a box's children: longest path from the sources (networkx), then fewer crossings."""
+    """Layers of a box's children: longest path from the sources (networkx), route points for
+    the edges that skip layers (scene.routes[box]), then fewer crossings."""
     kids = children_of(scene, box)
     g = nx.DiGraph()
     g.add_nodes_from(kids)
@@ -676,17 +905,50 @@ def layer_box(scene: Scene, box: str, edges: Iterable[Tuple[str, str]]) -> List[
         layers = [[] for _ in gens]
         for k in kids:
             layers[layer_of[members[k]]].append(k)
+        g.remove_edges_from([(u, v) for u, v in list(g.edges) if layer_of[members[u]] >= layer_of[members[v]]])
     else:
         layers = [list(gen) for gen in nx.topological_generations(g)]
-    # Sinks (leaves, parameters) go just under their first user, not at the bottom.
+    # Sinks (leaves, parameters) go just under their last user, not at the bottom; sources that
+    # feed one thing (a write, a cut) just above it, not at the top.
     layer_of = {k: i for i, layer in enumerate(layers) for k in layer}
     for k in kids:
         if g.out_degree(k) == 0 and g.in_degree(k) > 0:
             want = max(layer_of[p] for p in g.predecessors(k)) + 1
-            if want != layer_of[k]:
-                layers[layer_of[k]].remove(k)
-                layers[want].append(k)
-                layer_of[k] = want
+        elif g.in_degree(k) == 0 and g.out_degree(k) > 0 and k in scene.items and scene.items[k].kind in (
+                "write", "cut"):
+            want = min(layer_of[c] for c in g.successors(k)) - 1
+        else:
+            continue
+        if want != layer_of[k]:
+            layers[layer_of[k]].remove(k)
+            layers[want].append(k)
+            layer_of[k] = want
+    routes = []
+    bottom = max((i for i, layer in enumerate(layers) if layer), default=0)
+
+    def lanes(u: str, v: str, lo: int, hi: int, first: float) -> None:
+        """Route points in layers lo..hi-1 for the edge u -> v (either may be "": outside the box)."""
+        if hi <= lo:
+            return
+        chain = [scene.new_route_point(first) for _ in range(lo, hi)]
+        for at, point in zip(range(lo, hi), chain):
+            layers[at].append(point)
+            layer_of[point] = at
+        if u and v:
+            g.remove_edge(u, v)
+        nx.add_path(g, ([u] if u else []) + chain + ([v] if v else []))
+        routes.append((u, v, chain))
+        scene.route_index[(u, v)] = chain
+
+    for u, v in sorted(g.edges, key=lambda e: (layer_of[e[0]], _first(scene, e[0]))):
+        if layer_of[v] - layer_of[u] > 1:
+            lanes(u, v, layer_of[u] + 1, layer_of[v], (_first(scene, u) + _first(scene, v)) / 2)
+    for u, v in sorted(scene.crossings().get(box, ()), key=lambda e: _first(scene, e[0] or e[1])):
+        if u in layer_of:  # leaves the box: down to its bottom
+            lanes(u, "", layer_of[u] + 1, bottom + 1, _first(scene, u) - 0.25)
+        elif v in layer_of:  # enters it: from its top
+            lanes("", v, 0, layer_of[v], _first(scene, v) + 0.25)
+    scene.routes[box] = routes
     layers = [sorted(layer, key=lambda c: -_first(scene, c)) for layer in layers if layer]
     order = {k: i for layer in layers for i, k in enumerate(layer)}
     for _ in range(2):
@@ -700,7 +962,7 @@ def layer_box(scene: Scene, box: str, edges: Iterable[Tuple[str, str]]) -> List[
     return layers
 
 
-# -- geometry (for the static drawings; widget.js places the same way) --------------------------------
+# -- geometry (for the static drawings and the tests; widget.js places the same way) ------------------
 
 @dataclass(slots=True)
 class Placed:
@@ -713,20 +975,54 @@ class Placed:
     open: bool = False
 
 
+@dataclass
+class Placement:
+    """Where everything shown with some boxes open is: boxes and items (drawing order: a box
+    before what it holds), route points (id -> the x of its lane and the top and bottom of its
+    row), and the size of the whole."""
+    placed: List[Placed]
+    width: float
+    height: float
+    lanes: Dict[str, Tuple[float, float, float]]
+
+    def by_id(self) -> Dict[str, Placed]:
+        return {p.id: p for p in self.placed}
+
+
 def text_width(label: str, sub: str = "") -> float:
     return max(MIN_W, min(MAX_W, max(len(label) * CHAR_W, len(sub) * CHAR_W * 0.9) + 20))
 
 
-def place(scene: Scene, opened: Iterable[str]) -> Tuple[List[Placed], float, float]:
-    """Positions of what shows with `opened` boxes open: a list of boxes and items, width, height."""
+def rows_of(layers: List[List[str]]) -> List[List[str]]:
+    """A layer wider than ROW_MAX things wraps into rows; route points do not count."""
+    rows: List[List[str]] = []
+    for layer in layers:
+        row: List[str] = []
+        count = 0
+        for c in layer:
+            real = not c.startswith(ROUTE)
+            if real and count == ROW_MAX:
+                rows.append(row)
+                row, count = [], 0
+            row.append(c)
+            count += real
+        rows.append(row)
+    return rows
+
+
+def place(scene: Scene, opened: Iterable[str]) -> Placement:
+    """Positions of what shows with `opened` boxes open."""
     opened = set(opened)
     out: List[Placed] = []
+    lanes: Dict[str, Tuple[float, float, float]] = {}
     sizes: Dict[str, Tuple[float, float]] = {}
 
     def size(x: str) -> Tuple[float, float]:
         if x in sizes:
             return sizes[x]
-        if x in scene.items:
+        if x.startswith(ROUTE):
+            s = (ROUTE_W, 0.0)
+        elif x in scene.items:
             it = scene.items[x]
             s = (text_width(it.label, it.sub), NODE_H)
         elif x in opened and x in scene.layers:
@@ -739,36 +1035,158 @@ def place(scene: Scene, opened: Iterable[str]) -> Tuple[List[Placed], float, flo
         sizes[x] = s
         return s
 
-    def rows(box: str) -> List[List[str]]:
-        out_rows = []
-        for layer in scene.layers.get(box, []):
-            for i in range(0, len(layer), ROW_MAX):
-                out_rows.append(layer[i:i + ROW_MAX])
-        return out_rows
-
     def content(box: str) -> Tuple[float, float]:
         width, height = 0.0, 0.0
-        for r in rows(box):
+        for r in rows_of(scene.layers.get(box, [])):
             width = max(width, sum(size(c)[0] for c in r) + GAP_X * (len(r) - 1))
             height += max(size(c)[1] for c in r) + GAP_Y
         return width, max(0.0, height - GAP_Y)
 
     def put(box: str, x0: float, y0: float, width: float) -> None:
         y = y0
-        for r in rows(box):
+        for r in rows_of(scene.layers.get(box, [])):
             row_w = sum(size(c)[0] for c in r) + GAP_X * (len(r) - 1)
             row_h = max(size(c)[1] for c in r)
             x = x0 + (width - row_w) / 2
             for c in r:
                 w, h = size(c)
-                is_box = c in scene.boxes
-                is_open = is_box and c in opened and c in scene.layers
-                out.append(Placed(c, x, y, w, h, is_box, is_open))
-                if is_open:
-                    put(c, x + PAD, y + HEADER_H + PAD, w - 2 * PAD)
+                if c.startswith(ROUTE):
+                    lanes[c] = (x + w / 2, y, y + row_h)
+                else:
+                    is_box = c in scene.boxes
+                    is_open = is_box and c in opened and c in scene.layers
+                    out.append(Placed(c, x, y, w, h, is_box, is_open))
+                    if is_open:
+                        put(c, x + PAD, y + HEADER_H + PAD, w - 2 * PAD)
                 x += w + GAP_X
             y += row_h + GAP_Y
 
     w, h = content(ROOT)
     put(ROOT, 0.0, 0.0, w)
-    return out, w, h
+    return Placement(out, w, h, lanes)
+
+
+def stand_map(scene: Scene, opened: Iterable[str], shown: Iterable[str]) -> Dict[str, str]:
+    """For every item and box, the thing on screen standing for it: itself, or the outermost
+    closed box holding it (only those shown)."""
+    opened = {b for b in opened if b in scene.layers}
+    shown = set(shown)
+    stand: Dict[str, str] = {}
+    for thing in list(scene.items) + list(scene.boxes):
+        top = None
+        for box in reversed(scene.ancestors(thing)):  # outermost first
+            if box not in opened:
+                top = box
+                break
+        if top is None and thing in scene.boxes and thing not in opened:
+            top = thing
+        top = top or thing
+        if top in shown:
+            stand[thing] = top
+    return stand
+
+
+def edge_points(a: Placed, b: Placed, lanes: List[Tuple[float, float, float]]) -> List[Tuple[float, float]]:
+    """The points an edge from `a` (above) to `b` passes: a's bottom, down each lane, b's top."""
+    points = [(a.x + a.w / 2, a.y + a.h)]
+    for x, top, bottom in lanes:
+        points += [(x, top), (x, bottom)]
+    points.append((b.x + b.w / 2, b.y))
+    return points
+
+
+def route_of(scene: Scene, a: str, b: str) -> List[str]:
+    """The route points of the edge from the drawn thing `a` down to `b`: out of each open box
+    holding `a`, between the two siblings holding them in the box holding both, into each open
+    box holding `b`."""
+    up_a = [a] + scene.ancestors(a)
+    up_b = [b] + scene.ancestors(b)
+    in_b = set(up_b)
+    i = next((i for i, x in enumerate(up_a) if (scene.parent_of(x) or ROOT) in in_b or not scene.parent_of(x)), None)
+    if i is None:
+        return []
+    sib_a = up_a[i]
+    parent = scene.parent_of(sib_a) or ROOT
+    j = next((j for j, y in enumerate(up_b) if (scene.parent_of(y) or ROOT) == parent), None)
+    if j is None:
+        return []
+    chain: List[str] = []
+    for x in up_a[:i]:
+        chain += _route(scene, x, "")
+    chain += _route(scene, sib_a, up_b[j])
+    for y in reversed(up_b[:j]):
+        chain += _route(scene, "", y)
+    return chain
+
+
+def _route(scene: Scene, u: str, v: str) -> List[str]:
+    return list(scene.route_index.get((u, v), ()))
+
+
+def first_view(scene: Scene, opened: Iterable[str], width: float, height: float) -> Tuple[float, float, float]:
+    """Where the first view starts in a pane of `width` x `height` pixels: (x, y, zoom), the
+    graph's point at the pane's top left corner. widget.js's firstView does the same.
+
+    All of it when it fits at 100%. Else at 100% (the smallest text at 11 px): the core (the
+    problem's nodes) and, as far as there is room, the path from it up to the root and the
+    focus around it, centred, kept off the overview map in the bottom right corner."""
+    placement = place(scene, opened)
+    at = placement.by_id()
+    stand = stand_map(scene, opened, at)
+    cw, ch = placement.width, placement.height
+    k = READABLE_ZOOM
+    if cw <= width - 2 * MARGIN and ch <= height - 2 * MARGIN:
+        return (cw - width / k) / 2, (ch - height / k) / 2, k
+
+    def rect(ids: Iterable[str]):
+        rs = [at[stand[i]] for i in ids if i in stand]
+        if not rs:
+            return None
+        return [min(r.x for r in rs), min(r.y for r in rs), max(r.x + r.w for r in rs), max(r.y + r.h for r in rs)]
+
+    def fits(r) -> bool:
+        return r[2] - r[0] <= width / k - 2 * MARGIN and r[3] - r[1] <= height / k - 2 * MARGIN
+
+    box = rect(scene.core[:1])
+    if box is not None:
+        for group in (scene.core[1:], list(reversed(scene.path)), scene.focus):
+            for i in group:
+                more = rect([i])
+                if more is None:
+                    continue
+                grown = [min(box[0], more[0]), min(box[1], more[1]), max(box[2], more[2]), max(box[3], more[3])]
+                if fits(grown):
+                    box = grown
+                elif group is not scene.focus:
+                    break  # the path stays unbroken: what is nearer the problem comes first
+    else:  # nothing wrong: the top of the graph, around the roots
+        top = rect(scene.focus) or [0, 0, cw, 0]
+        box = [top[0], 0, top[2], min(ch, height / k - 2 * MARGIN)]
+    view_w, view_h = width / k, height / k
+    x = (box[0] + box[2]) / 2 - view_w / 2
+    y = (box[1] + box[3]) / 2 - view_h / 2
+    if fits(box):  # no empty band beyond the graph's edges where it can be avoided
+        x = min(max(x, -MARGIN), max(-MARGIN, cw + MARGIN - view_w)) if cw + 2 * MARGIN > view_w else (cw - view_w) / 2
+        x = min(x, box[0] - MARGIN)
+        x = max(x, box[2] + MARGIN - view_w)
+        y = min(max(y, -MARGIN), max(-MARGIN, ch + MARGIN - view_h)) if ch + 2 * MARGIN > view_h else (ch - view_h) / 2
+        y = min(y, box[1] - MARGIN)
+        y = max(y, box[3] + MARGIN - view_h)
+    else:
+        y = box[1] - MARGIN
+    x, y = _clear_of_minimap(box, x, y, view_w, view_h, k)
+    return x, y, k
+
+
+def _clear_of_minimap(box, x: float, y: float, view_w: float, view_h: float, k: float) -> Tuple[float, float]:
+    """Move the view so that `box` is not under the overview map (bottom right), if it can."""
+    map_x = view_w - (MINIMAP_W + MINIMAP_INSET + 4) / k
+    map_y = view_h - (MINIMAP_H + MINIMAP_INSET + 4) / k
+    right, bottom = box[2] - x, box[3] - y
+    if right <= map_x or bottom <= map_y:
+        return x, y
+    if box[0] - x - (right - map_x) >= MARGIN / k:  # room on the left: slide the graph left
+        return x + (right - map_x), y
+    if box[1] - y - (bottom - map_y) >= MARGIN / k:  # else up
+        return x, y + (bottom - map_y)
+    return x, y

@@ -23,12 +23,13 @@ function answer(key, value) {
   if (key === "selected") {
     change("details", data.details[value] || (value ? { title: value, rows: [["", "not recorded in this file"]] } : {}));
   } else if (key === "step") {
-    const s = data.steps[String(value)] || { step_info: {}, current_line: 0, step_nodes: [] };
-    change("step_info", s.step_info); change("current_line", s.current_line); change("step_nodes", s.step_nodes);
+    const s = data.steps[String(value)] || { step_info: {}, current_line: 0, current_file: "", step_nodes: [] };
+    change("step_info", s.step_info); change("current_file", s.current_file); change("current_line", s.current_line);
+    change("step_nodes", s.step_nodes);
   } else if (key === "selected_diagnosis") {
     const m = data.marks[String(value)];
     if (!m) return;
-    change("highlight_lines", m.highlight_lines); change("highlight_nodes", m.highlight_nodes);
+    change("highlight_places", m.highlight_places); change("highlight_nodes", m.highlight_nodes);
     answer("selected", m.selected);
   }
 }
