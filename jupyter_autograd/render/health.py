@@ -51,8 +51,17 @@ def _flags(entry: Dict) -> List[str]:
     return [FLAG_WORDS.get(f, f) for f in entry.get("flags") or ()]
 
 
-def _why(entry: Dict, thresholds: Dict) -> str:
-    """What the flags mean for this tensor, with the thresholds that raised them."""
+def _why(entry: Dict, thresholds: Dict, data: Optional[Dict] = None) -> str:
+    """What the flags mean for this tensor, with the thresholds that raised them. A module's flags are
+    its parameters': it names those that raised each (its own ratio, over all of them, may be fine)."""
+    if "parameters" in entry and data is not None:
+        params = _by_name(data, "parameters")
+        out = []
+        for flag in entry.get("flags") or ():
+            raised = [n for n in entry["parameters"] if flag in (params.get(n, {}).get("flags") or ())]
+            shown = ", ".join(raised[:4]) + (" and %d more" % (len(raised) - 4) if len(raised) > 4 else "")
+            out.append("%s: %s (of %d parameters)" % (FLAG_WORDS.get(flag, flag), shown, len(entry["parameters"])))
+        return "; ".join(out)
     out = []
     flags = entry.get("flags") or ()
     if "vanishing" in flags:
@@ -94,7 +103,7 @@ def describe(entry: Dict, data: Dict) -> List[List[str]]:
             rows.append([label, _number(entry[key])])
     flags = _flags(entry)
     rows.append(["health", ", ".join(flags) if flags else "ok"])
-    why = _why(entry, data.get("thresholds") or {})
+    why = _why(entry, data.get("thresholds") or {}, data)
     if why:
         rows.append(["why", why])
     return rows
@@ -111,7 +120,7 @@ def module_health(trace: Trace) -> Dict[str, List]:
         norms = entry.get("norms") or ()
         tip = "%s: gradient %s; norm %s after each checked backward; %s" % (
             name, ", ".join(flags) if flags else "ok", ", ".join(_number(v) for v in list(norms)[-4:]),
-            _why(entry, data.get("thresholds") or {}) if flags else "|grad| / |param| = %s" % _number(entry.get("ratio")))
+            _why(entry, data.get("thresholds") or {}, data) if flags else "|grad| / |param| = %s" % _number(entry.get("ratio")))
         out[name] = [_last(norms), flags, tip]
     return out
 
