@@ -479,8 +479,22 @@ def warm_up() -> None:
     """Import and draw once what a report needs (matplotlib, its fonts), as the extension loads.
     Done by the first report of a kernel instead, it made that cell 1.5 s longer; a failing cell
     that runs longer sees more of the cells run after it reach the kernel while it runs, and
-    Jupyter aborts those (ipykernel's stop_on_error)."""
-    static_bundle(Trace())
+    Jupyter aborts those (ipykernel's stop_on_error). A tiny block with a backward, so that what a
+    report of a real block reads (gradient health, the timeline) is imported too."""
+    import torch
+
+    from .capture import capture
+
+    with capture(namespace={}) as trace:
+        w = torch.ones(2, requires_grad=True)
+        (w * 2).sum().backward()
+    del w
+    AutogradWidget(trace).close()
+    static_bundle(trace)
+    try:  # the first large message of the kernel imports pyzmq's zero-copy bookkeeping
+        import zmq.utils.garbage  # noqa: F401
+    except ImportError:
+        pass
 
 
 def _static_legend(scene: layout.Scene) -> str:

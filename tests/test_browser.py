@@ -489,6 +489,7 @@ def test_saved_html_works_from_disk_without_a_server(page, tmp_path):
         s += 1  # "<img src=x onerror=alert(1)>"
         loss = model[2](s).sum()
     flagged = {"name": "model.1", "norms": [1e-12], "flags": ["vanishing"], "ratio": 1e-12, "parameters": []}
+    trace.diagnoses  # built first: the build fills the trace's fields, and would drop the stand-in below
     trace.grad_stats = lambda: {"steps": [], "parameters": [], "modules": [flagged], "thresholds": {}}
     path = save_html(trace, tmp_path / "report.html")
     del trace.grad_stats
