@@ -57,7 +57,7 @@ def test_binder_environment_installs_and_runs_the_notebooks(tmp_path):
         "--ExecutePreprocessor.timeout=300", "--ExecutePreprocessor.kernel_name=python3",
         *sorted(str(p) for p in (ROOT / "notebooks").glob("*.ipynb")), cwd=tmp_path)
     executed = sorted(out.glob("*.ipynb"))
-    assert len(executed) == 7
+    assert len(executed) == len(list((ROOT / "notebooks").glob("*.ipynb")))
     quickstart = json.loads(executed[0].read_text())
     kinds = [o.get("data", {}) for c in quickstart["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
     assert any("application/vnd.jupyter.widget-view+json" in d for d in kinds)
