@@ -40,8 +40,8 @@ class AutogradCallback(TrainerCallback):
     The Trainer has no hook for an exception, so the callback wraps the `train` method of the
     Trainer it was given to (an attribute of that one instance, set when the Trainer is made): an
     exception that leaves a recorded step, from whatever line, ends its capture on its way out.
-    Give the callback to `Trainer(callbacks=[...])`; one added later with `trainer.add_callback`
-    records from the next `train()` call on.
+    Give the callback to `Trainer(callbacks=[...])`: one added later with `trainer.add_callback`
+    never sees the Trainer being made, records nothing and says so.
 
     The report of each recorded step is logged with transformers' logging (a warning when it found
     a problem, info otherwise) and an entry `{"autograd_problems": n, "step": step}` (with
