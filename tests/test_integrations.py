@@ -392,3 +392,13 @@ def test_step_choice_is_checked():
             StepCapture(**bad)
     with pytest.raises(TypeError):
         StepCapture(on_exception="yes")
+
+
+def test_the_package_imports_no_framework():
+    """The frameworks are optional: jupyter_autograd and its integrations package import neither."""
+    import subprocess
+
+    code = ("import sys, jupyter_autograd, jupyter_autograd.integrations; "
+            "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
