@@ -5,6 +5,7 @@ run with nothing of jupyter_autograd installed; the traces stay on the callback.
 import gc
 import inspect
 import logging
+import sys
 import traceback
 import weakref
 
