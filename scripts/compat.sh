@@ -4,6 +4,7 @@
 #
 #   bash scripts/compat.sh 2.14.1                   # the whole suite
 #   bash scripts/compat.sh 2.14.1 -m "not browser"  # any pytest arguments after the version
+#   PYTHON=python3.12 VENV=/tmp/py312 bash scripts/compat.sh 2.13.0 -m "not browser"  # another Python
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ] || [[ "$1" == -* ]]; then
@@ -12,6 +13,6 @@ if [ $# -lt 1 ] || [[ "$1" == -* ]]; then
 fi
 version=$1
 shift
-export VENV=.venv/compat-torch-$version TORCH=$version
+export VENV=${VENV:-.venv/compat-torch-$version} TORCH=$version
 bash scripts/setup.sh
 exec bash scripts/test.sh "$@"

@@ -362,8 +362,9 @@ def _a_signal_can_land_here(frame):
                     unreachable.add(y.offset)
                     if y.opname not in ("POP_TOP", "NOP", "STORE_FAST", "STORE_NAME"):
                         break
-            if ([y.opname for y in ins[i:i + 4]] == ["LOAD_CONST", "LOAD_CONST", "LOAD_CONST", "PRECALL"]
-                    and all(y.argval is None for y in ins[i:i + 3])):
+            # The __exit__ call: PRECALL then CALL on Python 3.11, CALL alone from 3.12 on.
+            if ([y.opname for y in ins[i:i + 3]] == ["LOAD_CONST"] * 3 and len(ins) > i + 3
+                    and ins[i + 3].opname in ("PRECALL", "CALL") and all(y.argval is None for y in ins[i:i + 3])):
                 unreachable.add(x.offset)
         _UNREACHABLE[code] = unreachable
     return frame.f_lasti not in unreachable
