@@ -419,3 +419,19 @@ def test_globals_of_a_function_whose_first_call_is_a_user_module_still_name_its_
         out = f()
     assert out.requires_grad
     assert "table" in {t.name for t in trace.tensors.values()}
+
+
+def test_a_model_that_a_library_calls_is_not_named_after_the_call_into_the_library():
+    """`out = checkpoint(net, x)` calls `checkpoint`, which calls the model: the line names the
+    library's function, not the model (as `trainer.train()` does for a Trainer's model)."""
+    from torch.utils.checkpoint import checkpoint
+
+    def step():
+        net = torch.nn.Sequential(torch.nn.Linear(3, 3))
+        out = checkpoint(net, torch.randn(2, 3, requires_grad=True), use_reentrant=False)
+        out.sum().backward()
+
+    with ja.capture() as trace:
+        step()
+    names = {t.name for t in trace.tensors.values() if t.is_parameter}
+    assert names and not any(n.startswith("checkpoint") for n in names), names

@@ -149,8 +149,9 @@ def _enter_module(module, args):
         _resume(recorder)
     if recorder is not None and recorder.off is None:
         if not recorder.module_path and id(module) not in recorder.module_call_sites:
-            # The user's line that called the model (`logits = model(x)`): its name for the model.
-            frame = _module_caller(recorder)
+            # The user's line that called the model (`logits = model(x)`): its name for the model. Only
+            # a line that calls it itself: `trainer.train()` runs the model from inside a library.
+            frame = _module_caller(recorder, direct=True)
             if frame is not None:
                 recorder.module_call_sites[id(module)] = (frame.f_code.co_filename, frame.f_lineno,
                                                           _call_columns(frame))
@@ -175,11 +176,12 @@ def _enter_module(module, args):
 _WRAPPED_CALL_CODE = _nn_module.Module._wrapped_call_impl.__code__
 
 
-def _module_caller(recorder):
-    """The innermost frame of user code above the module call that runs our pre-hook. Walking
-    there frame by frame makes a frame object of each frame passed; the hook runs four frames
-    below the call (inner, _call_impl, _wrapped_call_impl), so the walk starts there when the
-    stack is as expected, and from the hook's caller otherwise."""
+def _module_caller(recorder, direct=False):
+    """The innermost frame of user code above the module call that runs our pre-hook (with
+    `direct`, only if that frame makes the call itself, else None). Walking there frame by frame
+    makes a frame object of each frame passed; the hook runs four frames below the call (inner,
+    _call_impl, _wrapped_call_impl), so the walk starts there when the stack is as expected, and
+    from the hook's caller otherwise."""
     try:
         frame = _getframe(4)  # _module_caller, _enter_module, inner, _call_impl: _wrapped_call_impl
     except ValueError:
@@ -190,6 +192,8 @@ def _module_caller(recorder):
         entry = kinds.get(id(frame.f_code)) or recorder._code_entry(frame)
         if not entry[1]:
             return frame
+        if direct:
+            return None
         frame = frame.f_back
     return None
 
