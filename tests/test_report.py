@@ -178,19 +178,19 @@ def _shown_in(sample, printed):
 def test_readme_sample_report_is_what_its_example_cell_prints(shell):
     from IPython.utils.capture import capture_output
 
-    cell = "\n".join(_readme_block("## In Jupyter\n\n```python\n%load_ext jupyter_autograd\n```"))
+    cell = "\n".join(_readme_block("## Quickstart: two cells\n\n```python\n%load_ext jupyter_autograd\n```"))
     assert cell.startswith("%%autograd\nimport torch\n"), cell
     with capture_output() as cap:
         # As in a notebook: the README's first cell loads the extension, the example is In [2].
         shell.run_cell("%load_ext jupyter_autograd", store_history=True)
         shell.run_cell(cell.replace("%%autograd", "%%autograd --text", 1), store_history=True)
     printed = "\n".join([cap.stdout] + [o.data.get("text/plain", "") for o in cap.outputs])
-    _shown_in(_readme_block("jupyter-autograd says, in plain words"), printed)
+    _shown_in(_readme_block("`%%autograd --text` prints the report instead:"), printed)
 
 
 def test_readme_sample_note_is_what_a_script_prints(tmp_path):
     proc = run_script(tmp_path, SCRIPT)
-    sample = _readme_block("a script that dies in `backward()` says which")
+    sample = _readme_block("that dies in `backward()` says which line did it")
     if HAS_NOTES:
         _shown_in(sample, proc.stderr)
 
