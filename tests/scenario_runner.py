@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set
 
@@ -91,7 +92,18 @@ def execute(source: str, filename: str, captured: bool, options: Optional[dict] 
             exec(code, ns)
     except Exception as e:  # the scenario's own outcome, compared below
         exc = (type(e).__name__, str(e))
+        let_collectives_finish(source)
     return exc, grads(ns), trace
+
+
+def let_collectives_finish(source: str) -> None:
+    """Plain PyTorch deadlocks, now and then, when a program's DDP reducer is freed (with the exception
+    that holds it) right after the program destroyed its process group while a gloo worker thread
+    still finishes a collective: the worker waits for the GIL to release the work's thread-local
+    state, and the main thread holds the GIL while the group's destructor joins that worker. Let the
+    workers run before the exception goes (it hung 1 run in 5 of a raising DDP scenario, plain)."""
+    if "torch.distributed" in source:
+        time.sleep(0.05)
 
 
 def close(a: dict, b: dict) -> bool:

@@ -217,6 +217,7 @@ def run(source, path, captured=False):
             exec(code, ns)
     except Exception as e:  # the program's own outcome, compared by the caller
         exc = (type(e).__name__, str(e))
+        runner.let_collectives_finish(source)
     tensors = {k: v.detach().reshape(-1).tolist() for k, v in ns.items()
                if isinstance(v, torch.Tensor) and not k.startswith("_")}
     return exc, runner.grads(ns), tensors, trace
