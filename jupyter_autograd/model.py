@@ -213,7 +213,15 @@ class Diagnosis:
                 "ddp-unused-parameters": "Parameters that DistributedDataParallel waited for got no gradient",
                 "ddp-ready-twice": "DistributedDataParallel got a parameter's gradient twice",
                 "backward-error": "backward() raised"}.get(self.kind, self.kind)
-        return what + (" (`%s`)" % self.tensor if self.tensor else "")
+        if not self.tensor:
+            return what
+        return what + (" (%s)" if is_description(self.tensor) else " (`%s`)") % self.tensor
+
+
+def is_description(label: str) -> bool:
+    """Whether a tensor's label is a description (Trace.tensor_label: "the float32 result of ...", "a
+    float32 tensor of ..."), not a name the user's code has."""
+    return label.startswith(("the ", "a ", "an "))
 
 
 @dataclass(slots=True)
