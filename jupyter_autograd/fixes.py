@@ -913,8 +913,17 @@ def ddp_ready_twice_fix(src: str, by_function: bool) -> str:
             % (NO_ONE_LINE_FIX, others))
 
 
-def backward_error_fix(name: Optional[str], line: Optional[int], error: Optional[str]) -> str:
-    """The floor (see errors.backward_error): where to look, and how to make PyTorch say more."""
+def backward_error_fix(name: Optional[str], line: Optional[int], error: Optional[str],
+                       hook: Optional[str] = None) -> str:
+    """The floor (see errors.backward_error): where to look, and how to make PyTorch say more; for a hook
+    whose return value PyTorch refused, what a hook must return."""
+    if hook is not None:
+        return ("%s make the hook `%s` return None (to leave the gradient as it is) or a gradient like the one it "
+                "gets: of the same shape, dtype and device (for a module's hook, one for each gradient of the tuple "
+                "it gets, in the same order). A module hook registered with `register_backward_hook` gets the "
+                "gradients of the module's last operation, whose inputs may not be the module's (a layer without "
+                "bias has one input less): `register_full_backward_hook` gives those of the module's own inputs."
+                % (NO_ONE_LINE_FIX, hook))
     if error and "grad_output" in error:
         return ("%s the gradient given to backward() must have the shape and dtype of the tensor it starts from: "
                 "%s for the gradient of its sum, or the gradient you computed, reshaped and cast to match."

@@ -259,6 +259,9 @@ class Trace:
     source_names: Dict[str, str] = field(default_factory=dict)
     modules: Dict[str, str] = field(default_factory=dict)  # dotted module name -> class name
     calls: List[ModuleCall] = field(default_factory=list)  # calls of user-written modules, by first op
+    # Modules with backward hooks when the block ended: dotted name -> (each hook's `__name__`, or None,
+    # and how it was registered: "register_backward_hook", "register_full_backward_hook", ...)
+    backward_hooks: Dict[str, Tuple[Tuple[Optional[str], str], ...]] = field(default_factory=dict)
     # Tensors with a grad_fn still alive at a backward call after the one that followed them (or at
     # the block's end): tid -> op index of the first and of the last backward call (len(ops): the end)
     # that found them alive. Something kept them: a variable, a list, an attribute, a helper object.

@@ -619,6 +619,96 @@ def test_a_second_order_gradient_says_which_backward_ran_the_op(tmp_path):
     assert "the inner gradient on line %d without create_graph=True" % inner in d.fix
 
 
+HOOKS = {
+    "a tensor hook that sums the gradient, in a module's forward": """
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.enc = nn.Linear(3, 4)
+                self.head = nn.Linear(4, 2)
+
+            def forward(self, x):
+                h = torch.tanh(self.enc(x))
+                h.register_hook(lambda g: g.sum(0))
+                return self.head(h)
+
+        model = Net()
+        loss = model(torch.randn(5, 3)).pow(2).mean()
+        loss.backward()
+    """,
+    "a transposing hook on a tensor kept on a helper object": """
+        import torch
+
+        class Probe:
+            def watch(self, t):
+                self.seen = t
+                self.seen.register_hook(self.flip)
+                return t
+
+            def flip(self, grad):
+                return grad.t()
+
+        w = torch.randn(3, 4, requires_grad=True)
+        probe = Probe()
+        feats = [torch.randn(2, 3) @ w]
+        out = probe.watch(feats[0].relu()) * 2
+        out.sum().backward()
+    """,
+    "a module's backward hook returning a gradient of another size": """
+        import torch
+        from torch import nn
+
+        def feedback(module, grad_input, grad_output):
+            if grad_input[1] is not None:
+                return (grad_input[0], grad_output[0].mm(module.fixed)) + grad_input[2:]
+
+        class FeedbackLinear(nn.Linear):
+            def __init__(self, n_in, n_out, bias=True):
+                super().__init__(n_in, n_out, bias=bias)
+                self.register_buffer("fixed", torch.randn(n_out, n_in))
+                self.register_backward_hook(feedback)
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1 = nn.Linear(6, 8)
+                self.fc2 = FeedbackLinear(8, 3, bias=False)
+
+            def forward(self, x):
+                x = torch.relu(self.fc1(x))
+                return self.fc2(x)
+
+        net = Net()
+        loss = nn.functional.cross_entropy(net(torch.randn(4, 6)), torch.tensor([0, 2, 1, 0]))
+        loss.backward()
+    """,
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOOKS))
+def test_a_hook_that_returns_what_does_not_fit_is_named_at_the_node_it_sits_on(tmp_path, case):
+    source = HOOKS[case]
+    expected = anomaly_line(tmp_path / "oracle.py", source)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # register_backward_hook's, in both runs alike
+        d, path = diagnosed(tmp_path, source, "backward-error")
+    code = path.read_text().splitlines()
+    assert d.line == expected, (d.line, d.source, code[expected - 1].strip(), d.message)
+    assert d.saved_line == [i for i, text in enumerate(code, 1) if ".backward()" in text][0]
+    assert "hook" in d.message and "return None" in d.fix
+
+
+def test_a_tensor_hook_names_the_tensor_and_the_line_that_registered_it(tmp_path):
+    d, path = diagnosed(tmp_path, HOOKS["a tensor hook that sums the gradient, in a module's forward"],
+                        "backward-error")
+    assert d.tensor == "h"
+    assert "the hook that line %d registered on `h`" % lines(path, "h.register_hook(lambda g: g.sum(0))")[0] \
+        in d.message
+
+
 # -- DistributedDataParallel, one process ---------------------------------------------------------
 
 def free_port():

@@ -10,6 +10,7 @@ import math
 import os
 import re
 import tokenize
+import types
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
@@ -128,6 +129,11 @@ def freeze(recorder, namespaces: Iterable[dict]):
         except Exception as exc:
             recorder.lose("naming the modules that ops ran in", exc, "ops are not grouped by module")
             recorder.op_modules, recorder.user_calls = {}, {}
+        try:
+            recorder.backward_hooks = _module_backward_hooks(recorder)
+        except Exception as exc:
+            recorder.lose("reading the backward hooks of the modules called", exc,
+                          "an error that a module's backward hook raised is not traced to that module")
         try:
             distributed.freeze(recorder, module_names, names)
         except Exception as exc:
@@ -341,6 +347,7 @@ def _name_module_paths(recorder, module_names):
     by_path = {}
     children = {}  # id(parent) -> {id(child): its attribute name}
     classes = recorder.module_classes = {}
+    dotted = recorder.module_dotted = {}  # id(module) -> its dotted name
 
     def named(path):
         found = by_path.get(id(path))
@@ -360,6 +367,7 @@ def _name_module_paths(recorder, module_names):
                 name = "%s.%s" % (parent_name, child) if child is not None else None
             name = name or type(module).__name__
             classes[name] = type(module).__name__
+            dotted.setdefault(id(module), name)
             parts.append(name)
             parent_name, parent = name, module
         by_path[id(path)] = (tuple(parts), path)  # the path is kept with its id: no other can take it
@@ -370,6 +378,34 @@ def _name_module_paths(recorder, module_names):
     for calls in recorder.user_calls.values():
         calls[:] = [call[:5] + (named(call[5]),) + call[6:] for call in calls]
     recorder.open_calls = []
+
+
+# How a module's backward hooks were registered, by the dict that holds them and the flag that
+# tells the two kinds of `_backward_hooks` apart.
+_OLD_STYLE_HOOK, _FULL_HOOK, _FULL_PRE_HOOK = ("register_backward_hook", "register_full_backward_hook",
+                                               "register_full_backward_pre_hook")
+
+
+def _module_backward_hooks(recorder) -> Dict[str, Tuple[Tuple[Optional[str], str], ...]]:
+    """Dotted module name -> (the hook's name, how it was registered) for each backward hook of the
+    modules that ran in the block, as they are when it ends: a hook that raised in backward is named
+    by PyTorch by its `__name__` only. Read from the modules' dicts: nothing of the user's runs."""
+    dotted = getattr(recorder, "module_dotted", {})
+    out = {}
+    for module in recorder.modules.values():
+        state = module.__dict__
+        hooks = [(hook, _FULL_HOOK if state.get("_is_full_backward_hook") else _OLD_STYLE_HOOK)
+                 for hook in (state.get("_backward_hooks") or {}).values()]
+        hooks += [(hook, _FULL_PRE_HOOK) for hook in (state.get("_backward_pre_hooks") or {}).values()]
+        if hooks and id(module) in dotted:
+            out[dotted[id(module)]] = tuple((_hook_name(hook), how) for hook, how in hooks)
+    return out
+
+
+def _hook_name(hook) -> Optional[str]:
+    """A function's name, as PyTorch's messages give it (`'<lambda>'`); None for another callable,
+    whose `__name__` could be a property of the user's."""
+    return hook.__name__ if isinstance(hook, (types.FunctionType, types.MethodType)) else None
 
 
 def raised_at(exc) -> Optional[Tuple[str, int, str]]:
@@ -415,6 +451,7 @@ def build_trace(recorder, live, names, error: Optional[str] = None, error_at=Non
         calls = recorder.function_calls
         trace.function_calls = [(calls[i], calls[i + 1]) for i in range(0, len(calls), 2)]
         trace.notes.extend(getattr(recorder, "module_name_notes", ()))
+        trace.backward_hooks = dict(getattr(recorder, "backward_hooks", {}))
         if recorder.nan_origin is not None:
             backward, key, name, facts = recorder.nan_origin
             trace.nan_origin = {"backward": backward, "node": key, "name": name, "facts": facts}

@@ -18,7 +18,7 @@ from typing import Iterable, List, Optional, Tuple
 from .. import fixes
 from ..fixes import line_ref, where
 from ..model import Checkpoint, Diagnosis, DistributedModel, Location, OpRecord, Trace, is_description
-from .paths import at_maker, engine_order
+from .paths import at_maker, engine_order, node_at
 
 # The words of each error (also in render/text.py's EXPLAINS, for the exception's note).
 _MULTIPLE_VIEWS = "This view is the output of a function that returns multiple views"
@@ -42,6 +42,8 @@ _READY_TWICE = "Expected to mark a variable ready only once"
 _MARKED_TWICE = re.compile(r"Parameter at index (\d+)(?: with name ([\w.]+))? has been marked as ready twice")
 # How PyTorch names a node in its messages: `MulBackward0`, `Function 'SqrtBackward0'`, `output 0 of Split`.
 _NODE_NAMED = re.compile(r"\b(\w+Backward\d*)\b|output \d+ of (\w+)")
+# How PyTorch names a hook whose return value it refused: by its `__name__`.
+_HOOK_NAMED = re.compile(r"\bhook '([^']*)' (?:has|returned)")
 
 
 def _diagnosis(kind: str, at: Optional[Location], message: str, fix: str, tensor: Optional[str] = None,
@@ -648,6 +650,7 @@ def _floor(trace: Trace, op: OpRecord) -> Diagnosis:
                      and (at.filename, at.line) != (op.location.filename, op.location.line))
     root = op.inputs[0] if op.inputs else None
     named = _node_made(trace, key)
+    hooked = _hooked(trace, op, order) if named is None and not raised_inside else None
     if named is not None:
         tensor = _output_of(trace, named)
         culprit, place = named, named.location
@@ -658,6 +661,9 @@ def _floor(trace: Trace, op: OpRecord) -> Diagnosis:
         tensor, culprit, place = root, None, at
         how = ("it was raised by your code that backward ran, line %d in `%s()`%s: a hook or a custom Function's "
                "backward" % (at.line, at.function, " (`%s`)" % at.source if at.source else ""))
+    elif hooked is not None:
+        tensor, culprit, how = hooked
+        place = culprit.location
     else:
         tensor = root
         culprit = _maker(trace, root)
@@ -667,11 +673,67 @@ def _floor(trace: Trace, op: OpRecord) -> Diagnosis:
     message = "%s raised \"%s\": %s." % (where(op), _raised(op.error, whole=True), how)
     # The user's name, or none: a description would make a title of a sentence.
     name = trace.tensors[tensor].name if tensor in trace.tensors else None
-    fix = fixes.backward_error_fix(name, place.line if place is not None else None, op.error)
+    fix = fixes.backward_error_fix(name, place.line if place is not None else None, op.error,
+                                   _HOOK_NAMED.search(op.error).group(1) if hooked is not None else None)
     diag = _diagnosis("backward-error", place, message, fix, tensor=name, tids=(tensor,), op=culprit or op)
     if key is not None:
         diag.node_key, diag.node = key, trace.nodes[key].name
     return _saved_at(diag, op)
+
+
+def _hooked(trace: Trace, backward: OpRecord, order: List[int]):
+    """(the tensor, the op, how) for an error PyTorch raised about what a hook returned (`hook 'name'
+    has changed the size of value`): the forward line that made the node the hook sits on, the node
+    whose gradients it changed. A module's backward hook of that name sits on the node of what each
+    call of the module returned (the first the backward ran); else the one tensor hook on a tensor
+    this backward runs through (`h.register_hook(...)`: the hook's name is not recorded), at the line
+    that made the tensor, or the line that registered it on a leaf. None when neither is certain."""
+    m = _HOOK_NAMED.search(backward.error or "")
+    if m is None:
+        return None
+    hook = m.group(1)
+    position = {k: i for i, k in enumerate(order)}
+    outputs = []
+    for module, hooks in trace.backward_hooks.items():
+        registered = [how for name, how in hooks if name == hook]
+        if registered:
+            outputs += [(position[made.node], made, module, registered[0]) for made in _call_results(trace, module)
+                        if made.node in position]
+    if outputs:
+        _, made, module, how = min(outputs, key=lambda found: found[0])
+        return _output_of(trace, made), made, (
+            "`%s` (%s) has the backward hook `%s` (%s), which backward ran on the gradients of the node that "
+            "%s made for what the call of `%s` returned, and what it returned does not fit them" % (
+                module, trace.modules.get(module, "a module"), hook, how, line_ref(made), module))
+    registrations = {}
+    for op in trace.ops[:backward.index]:
+        if op.name == "Tensor.register_hook" and op.inputs and op.location is not None:
+            key = node_at(trace, op.inputs[0], op.index)
+            if key in position:
+                registrations.setdefault(key, (op, op.inputs[0]))
+    if len(registrations) != 1:
+        return None
+    [(registration, tensor)] = registrations.values()
+    made = _made(trace, tensor)
+    culprit = made if made is not None and made.location is not None else registration
+    shown = _shown(_name(trace, tensor)) or "its tensor"
+    return tensor, culprit, (
+        "the hook that %s registered on %s%s changed the gradient of %s, and what it returned does not fit it" % (
+            line_ref(registration), shown, ", made on %s," % line_ref(made) if culprit is made else "", shown))
+
+
+def _call_results(trace: Trace, module: str) -> List[OpRecord]:
+    """For each call of a module (a run of consecutive ops inside it), the last op that made a node:
+    what the call returned."""
+    out, last = [], None
+    for op in trace.ops:
+        if module in op.module:
+            if op.node is not None and not op.is_backward:
+                last = op
+        elif last is not None:
+            out.append(last)
+            last = None
+    return out + ([last] if last is not None else [])
 
 
 def error_kinds(trace: Trace) -> List[Diagnosis]:
