@@ -67,6 +67,8 @@ class TensorInfo:
     requires_grad: bool
     is_leaf: bool
     name: Optional[str] = None
+    by_variable: bool = False            # its name is a variable of the user's that held it (a namespace's,
+                                         # or a local where a backward ran), not a path or an assignment
     grad_fn: Optional[str] = None        # grad_fn name when first seen
     created_by: Optional[int] = None     # index of the op that produced it
     base: Optional[int] = None           # tid of the tensor it is a view of

@@ -192,7 +192,7 @@ def callee_name(func) -> Optional[str]:
 
 
 BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.MatMult: "matmul",
-           ast.Pow: "pow", ast.FloorDiv: "floordiv", ast.Mod: "mod"}
+          ast.Pow: "pow", ast.FloorDiv: "floordiv", ast.Mod: "mod"}
 
 
 def same_op(callee, op_name: str) -> bool:

@@ -447,7 +447,8 @@ def build_trace(recorder, live, names, error: Optional[str] = None, error_at=Non
                      "is not named by the line that called it", _calls, recorder, trace):
             trace.calls = []
         _graph(recorder, trace)
-        if not _part(trace, "naming the tensors", "tensors are described instead of named", _names, trace, names):
+        if not _part(trace, "naming the tensors", "tensors are described instead of named", _names, trace, names,
+                     getattr(recorder, "variable_names", {})):
             for info in trace.tensors.values():
                 info.name = None
         trace.kept = {t_id: (first, last) for t_id, (first, last) in recorder.kept.seen.items() if t_id in trace.tensors}
@@ -723,6 +724,7 @@ def _namespace_names(recorder, namespaces, trees) -> Dict[int, str]:
     spaces += list(recorder.user_globals.values())
     params: Dict[int, str] = {}
     modules: Dict[int, str] = {}
+    variables = set()
     for ns in spaces:
         for name, value in list(dict.items(ns)):  # not a subclass's items(): no code of the user's
             kind = value_kind(value)
@@ -732,6 +734,7 @@ def _namespace_names(recorder, namespaces, trees) -> Dict[int, str]:
                 t_id = known(value)
                 if t_id is not None:
                     found.setdefault(t_id, name)
+                    variables.add(t_id)
                 continue
             try:
                 tree = _module_tree(value, name, trees)
@@ -748,6 +751,9 @@ def _namespace_names(recorder, namespaces, trees) -> Dict[int, str]:
         found.setdefault(t_id, name)
     for t_id, name in recorder.names.items():
         found.setdefault(t_id, name)
+    # The names that are variables of the user's holding the tensor itself, not paths through a module.
+    recorder.variable_names = {t_id: name for t_id, name in found.items()
+                               if t_id in variables or recorder.names.get(t_id) == name}
     return found, modules
 
 
@@ -789,12 +795,13 @@ def _module_tree(module, name, trees):
     return tree
 
 
-def _names(trace, found: Dict[int, str]):
+def _names(trace, found: Dict[int, str], variables: Dict[int, str]):
     found = dict(found)
     for t_id, name in _assignment_targets(trace).items():
         found.setdefault(t_id, name)
     for t_id, info in trace.tensors.items():
         info.name = found.get(t_id)
+        info.by_variable = info.name is not None and variables.get(t_id) == info.name
     # A detached alias shares its source's memory and version counter, as a view shares its base's.
     # One that torch made by calling the aten op (the output a compiled function saved for backward)
     # was never the user's: it is that tensor. (The user's own `x.detach()` is a tensor of its own.)
