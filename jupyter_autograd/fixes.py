@@ -831,10 +831,12 @@ def nonscalar_fix(src: str, name: Optional[str], grad_call: bool, backward_at: s
 
 def _reduced(src: str, name: Optional[str]) -> Optional[str]:
     """The line with its non-scalar result reduced: `loss = F.mse_loss(p, y, reduction='none')` without
-    the keyword (the function's default is the mean), `loss = criterion(out, y).mean()`, or
-    `(loss * w).mean().backward()` for a line that calls backward itself."""
+    the keyword (the function's default is the mean), `loss = criterion(out, y).mean()`, `return
+    hinge.mean()` for a loss function's return, or `(loss * w).mean().backward()` for a line that calls
+    backward itself."""
     stmt = _single_statement(src)
-    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and ast.unparse(stmt.targets[0]) == name \
+    assigned = isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and ast.unparse(stmt.targets[0]) == name
+    if (assigned or isinstance(stmt, ast.Return) and stmt.value is not None) \
             and not isinstance(stmt.value, (ast.Dict, ast.List, ast.Tuple, ast.Set)):
         value = stmt.value
         if isinstance(value, ast.Call) and any(k.arg == "reduction" and isinstance(k.value, ast.Constant)
@@ -861,6 +863,15 @@ def not_differentiable_fix(op_name: str, name: Optional[str], input_name: Option
             "returns); otherwise replace it with a differentiable operation (a soft version, `torch.softmax` "
             "instead of a hard choice)." % (NO_ONE_LINE_FIX, op_name,
                                             "`%s`" % _expr(name) if _is_code_name(name) else "its result", detached))
+
+
+def second_order_fix(op_name: str, inner_backward: str) -> str:
+    """A second-order gradient through an op whose backward has no derivative (see errors.not_differentiable)."""
+    return ("%s the backward of %s cannot be differentiated, so no gradient of a gradient can flow through it. "
+            "Either take the inner gradient on %s without create_graph=True (a first-order approximation: its "
+            "result then enters the loss as a constant), or compute %s with operations whose backward is "
+            "differentiable (its plain formula, written with torch operations)."
+            % (NO_ONE_LINE_FIX, op_name, inner_backward, op_name))
 
 
 def invalid_gradient_fix(function: str, shape: bool) -> str:
@@ -902,8 +913,17 @@ def ddp_ready_twice_fix(src: str, by_function: bool) -> str:
             % (NO_ONE_LINE_FIX, others))
 
 
-def backward_error_fix(name: Optional[str], line: Optional[int], error: Optional[str]) -> str:
-    """The floor (see errors.backward_error): where to look, and how to make PyTorch say more."""
+def backward_error_fix(name: Optional[str], line: Optional[int], error: Optional[str],
+                       hook: Optional[str] = None) -> str:
+    """The floor (see errors.backward_error): where to look, and how to make PyTorch say more; for a hook
+    whose return value PyTorch refused, what a hook must return."""
+    if hook is not None:
+        return ("%s make the hook `%s` return None (to leave the gradient as it is) or a gradient like the one it "
+                "gets: of the same shape, dtype and device (for a module's hook, one for each gradient of the tuple "
+                "it gets, in the same order). A module hook registered with `register_backward_hook` gets the "
+                "gradients of the module's last operation, whose inputs may not be the module's (a layer without "
+                "bias has one input less): `register_full_backward_hook` gives those of the module's own inputs."
+                % (NO_ONE_LINE_FIX, hook))
     if error and "grad_output" in error:
         return ("%s the gradient given to backward() must have the shape and dtype of the tensor it starts from: "
                 "%s for the gradient of its sum, or the gradient you computed, reshaped and cast to match."

@@ -67,6 +67,8 @@ class TensorInfo:
     requires_grad: bool
     is_leaf: bool
     name: Optional[str] = None
+    by_variable: bool = False            # its name is a variable of the user's that held it (a namespace's,
+                                         # or a local where a backward ran), not a path or an assignment
     grad_fn: Optional[str] = None        # grad_fn name when first seen
     created_by: Optional[int] = None     # index of the op that produced it
     base: Optional[int] = None           # tid of the tensor it is a view of
@@ -213,7 +215,15 @@ class Diagnosis:
                 "ddp-unused-parameters": "Parameters that DistributedDataParallel waited for got no gradient",
                 "ddp-ready-twice": "DistributedDataParallel got a parameter's gradient twice",
                 "backward-error": "backward() raised"}.get(self.kind, self.kind)
-        return what + (" (`%s`)" % self.tensor if self.tensor else "")
+        if not self.tensor:
+            return what
+        return what + (" (%s)" if is_description(self.tensor) else " (`%s`)") % self.tensor
+
+
+def is_description(label: str) -> bool:
+    """Whether a tensor's label is a description (Trace.tensor_label: "the float32 result of ...", "a
+    float32 tensor of ..."), not a name the user's code has."""
+    return label.startswith(("the ", "a ", "an "))
 
 
 @dataclass(slots=True)
@@ -251,6 +261,9 @@ class Trace:
     source_names: Dict[str, str] = field(default_factory=dict)
     modules: Dict[str, str] = field(default_factory=dict)  # dotted module name -> class name
     calls: List[ModuleCall] = field(default_factory=list)  # calls of user-written modules, by first op
+    # Modules with backward hooks when the block ended: dotted name -> (each hook's `__name__`, or None,
+    # and how it was registered: "register_backward_hook", "register_full_backward_hook", ...)
+    backward_hooks: Dict[str, Tuple[Tuple[Optional[str], str], ...]] = field(default_factory=dict)
     # Tensors with a grad_fn still alive at a backward call after the one that followed them (or at
     # the block's end): tid -> op index of the first and of the last backward call (len(ops): the end)
     # that found them alive. Something kept them: a variable, a list, an attribute, a helper object.

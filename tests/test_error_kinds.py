@@ -7,18 +7,22 @@ fix applied: it runs, the problem is gone, and its gradients are those of a refe
 independently of the fix text. The oracle for the error itself is PyTorch raising it.
 """
 import json
+import re
 import socket
 import sys
 import textwrap
 import time
+import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn import functional as F
 
 import jupyter_autograd as ja
 from jupyter_autograd import fixes
+from jupyter_autograd.model import is_description
 from jupyter_autograd.render.text import exception_note
 
 HAS_NOTES = sys.version_info >= (3, 11)
@@ -58,8 +62,8 @@ def diagnosed(tmp_path, source, kind, error=RuntimeError, name="program.py"):
         note = "\n".join(getattr(exc, "__notes__", ()))
         assert note == exception_note(trace), note
         assert "%s, line %d: %s" % (name, d.line, d.source) in note, note
-        if d.tensor:
-            assert "`%s`" % d.tensor in note, note
+        if d.tensor:  # a name in backticks, a description as it is
+            assert (d.tensor if is_description(d.tensor) else "`%s`" % d.tensor) in note, note
     return d, path
 
 
@@ -140,6 +144,45 @@ def test_a_weighted_loss_reduced_on_the_backward_line(tmp_path):
     assert d.line == d.saved_line == line
     fixed = fixed_program(path, d)
     assert fixed["w"].grad is not None and torch.isfinite(fixed["w"].grad).all()
+
+
+def test_a_loss_module_of_the_users_is_reduced_inside_its_forward(tmp_path):
+    """The non-scalar loss is made by a loss module the user wrote and called from a training step:
+    the reduction goes on its own line (the innermost of the user's), not at the call."""
+    d, path = diagnosed(tmp_path, """
+        import torch
+        from torch import nn
+        from torch.nn import functional as F
+
+        class RankLoss(nn.Module):
+            def forward(self, scores1, scores2, target):
+                p1 = F.softmax(scores1, dim=1).gather(1, target.view(-1, 1))
+                p2 = F.softmax(scores2, dim=1).gather(1, target.view(-1, 1))
+                return torch.clamp(p1 - p2 + 0.05, min=0)
+
+        class Trainer:
+            def __init__(self, model):
+                self.model, self.rank = model, RankLoss()
+
+            def step(self, x, target):
+                scores = self.model(x)
+                self.rank(scores, scores * 2, target).backward()
+
+        model = nn.Linear(6, 4)
+        x, target = torch.randn(4, 6), torch.tensor([0, 3, 1, 2])
+        Trainer(model).step(x, target)
+    """, "nonscalar-backward")
+    assert (d.line, d.saved_line) == tuple(lines(path, "return torch.clamp(p1 - p2 + 0.05, min=0)",
+                                                 "self.rank(scores, scores * 2, target).backward()"))
+    # No name of the user's is certain for it (the call is no assignment): it is described.
+    assert d.tensor.startswith("the float32 result of torch.clamp") and "shape (4, 1)" in d.tensor
+    assert "has 4 values" in d.message
+    fixed = fixed_program(path, d)
+    model, x, target = fixed["model"], fixed["x"], fixed["target"]
+    scores = model(x)
+    picked = [F.softmax(s, dim=1).gather(1, target.view(-1, 1)) for s in (scores, scores * 2)]
+    reference = torch.autograd.grad(torch.clamp(picked[0] - picked[1] + 0.05, min=0).mean(), model.weight)[0]
+    assert torch.allclose(model.weight.grad, reference)
 
 
 def test_a_loss_kept_in_a_dict_gets_no_replacement_of_the_dict(tmp_path):
@@ -456,6 +499,214 @@ def test_the_wrong_shape_names_the_input_it_was_for(tmp_path):
         out.pow(2).sum().backward()
     """, "invalid-gradient")
     assert d.tensor == "weight" and "input 1" in d.message and "shape (2, 3)" in d.message
+
+
+# -- the forward line PyTorch's anomaly mode names -------------------------------------------------
+
+def anomaly_line(path, source):
+    """The line of `path` that PyTorch's own anomaly mode names for a program that raises in backward:
+    the innermost line of the program in the forward traceback of the node that failed, or, for a node
+    a backward made with create_graph=True, of the forward call that induced it. The oracle for where
+    an error of backward comes from (anomaly mode is left off in the captured run)."""
+    path.write_text(textwrap.dedent(source))
+    code = compile(path.read_text(), str(path), "exec")
+    torch.manual_seed(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with torch.autograd.detect_anomaly(check_nan=False):
+                exec(code, {"__name__": "program"})
+        except Exception:  # the program's own error: what anomaly mode said about it is what counts
+            pass
+    said = [str(w.message) for w in caught if "Traceback of forward call" in str(w.message)]
+    assert said, [str(w.message) for w in caught]
+    frames = re.findall(r'File "%s", line (\d+)' % re.escape(str(path)), said[-1])
+    return int(frames[-1])
+
+
+NO_DERIVATIVE = {
+    "floor_divide in a module's forward": """
+        import torch
+        from torch import nn
+
+        class Quantized(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.enc = nn.Linear(3, 4)
+                self.head = nn.Linear(4, 2)
+
+            def forward(self, x):
+                h = torch.tanh(self.enc(x))
+                h = torch.floor_divide(h, 0.25) * 0.25
+                return self.head(h)
+
+        model = Quantized()
+        loss = model(torch.randn(5, 3)).pow(2).mean()
+        loss.backward()
+    """,
+    "`//` in a helper, on a tensor kept in a dict": """
+        import torch
+
+        def snap(state, step):
+            state["levels"] = state["h"] // step
+            return state["levels"] * step
+
+        w = torch.randn(4, 3, requires_grad=True)
+        state = {"h": torch.randn(5, 4) @ w}
+        out = snap(state, 0.5).sum() + w.sum()
+        out.backward()
+    """,
+    "bincount with weights, after a floor_divide that is off the path": """
+        import torch
+
+        w = torch.randn(6, requires_grad=True)
+        unused = torch.floor_divide(w, 2.0)
+        codes = torch.tensor([0, 1, 1, 3, 2, 0])
+        counts = torch.bincount(codes, weights=w * 2)
+        (counts * torch.arange(4.0)).sum().backward()
+    """,
+    "two ops without derivative on the path: the engine meets one first": """
+        import torch
+
+        w = torch.randn(6, requires_grad=True)
+        a = torch.floor_divide(w * 3, 0.5) * w
+        b = torch.bincount(torch.tensor([0, 1, 1, 3, 2, 0]), weights=w.exp())
+        (a.sum() + b.sum()).backward()
+    """,
+    "a second-order gradient through cdist": """
+        import torch
+
+        points = torch.randn(5, 3, requires_grad=True)
+        centers = torch.randn(2, 3)
+        energy = torch.cdist(points, centers).pow(2).sum()
+        (grad,) = torch.autograd.grad(energy, points, create_graph=True)
+        grad.pow(2).sum().backward()
+    """,
+    "a second-order gradient through scaled_dot_product_attention in a closure": """
+        import torch
+        import torch.nn.functional as F
+
+        def attention(scale):
+            def attend(q, k, v):
+                return F.scaled_dot_product_attention(q * scale, k, v)
+            return attend
+
+        attend = attention(0.5)
+        q = torch.randn(1, 2, 4, 8, requires_grad=True)
+        kv = torch.randn(1, 2, 4, 8)
+        inner = attend(q, kv, kv).pow(2).sum()
+        (grad,) = torch.autograd.grad(inner, q, create_graph=True)
+        grad.abs().sum().backward()
+    """,
+}
+
+
+@pytest.mark.parametrize("case", sorted(NO_DERIVATIVE))
+def test_an_op_without_derivative_is_named_at_the_forward_line_anomaly_mode_names(tmp_path, case):
+    source = NO_DERIVATIVE[case]
+    expected = anomaly_line(tmp_path / "oracle.py", source)
+    d, path = diagnosed(tmp_path, source, "not-differentiable")
+    code = path.read_text().splitlines()
+    assert d.line == expected, (d.line, d.source, code[expected - 1].strip(), d.message)
+    [backward] = [i for i, text in enumerate(code, 1) if ".backward()" in text]
+    assert d.saved_line == backward
+
+
+def test_a_second_order_gradient_says_which_backward_ran_the_op(tmp_path):
+    d, path = diagnosed(tmp_path, NO_DERIVATIVE["a second-order gradient through cdist"], "not-differentiable")
+    inner = lines(path, "(grad,) = torch.autograd.grad(energy, points, create_graph=True)")[0]
+    assert "cdist`" in d.message and "line %d ran it with create_graph=True" % inner in d.message
+    assert "the inner gradient on line %d without create_graph=True" % inner in d.fix
+
+
+HOOKS = {
+    "a tensor hook that sums the gradient, in a module's forward": """
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.enc = nn.Linear(3, 4)
+                self.head = nn.Linear(4, 2)
+
+            def forward(self, x):
+                h = torch.tanh(self.enc(x))
+                h.register_hook(lambda g: g.sum(0))
+                return self.head(h)
+
+        model = Net()
+        loss = model(torch.randn(5, 3)).pow(2).mean()
+        loss.backward()
+    """,
+    "a transposing hook on a tensor kept on a helper object": """
+        import torch
+
+        class Probe:
+            def watch(self, t):
+                self.seen = t
+                self.seen.register_hook(self.flip)
+                return t
+
+            def flip(self, grad):
+                return grad.t()
+
+        w = torch.randn(3, 4, requires_grad=True)
+        probe = Probe()
+        feats = [torch.randn(2, 3) @ w]
+        out = probe.watch(feats[0].relu()) * 2
+        out.sum().backward()
+    """,
+    "a module's backward hook returning a gradient of another size": """
+        import torch
+        from torch import nn
+
+        def feedback(module, grad_input, grad_output):
+            if grad_input[1] is not None:
+                return (grad_input[0], grad_output[0].mm(module.fixed)) + grad_input[2:]
+
+        class FeedbackLinear(nn.Linear):
+            def __init__(self, n_in, n_out, bias=True):
+                super().__init__(n_in, n_out, bias=bias)
+                self.register_buffer("fixed", torch.randn(n_out, n_in))
+                self.register_backward_hook(feedback)
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1 = nn.Linear(6, 8)
+                self.fc2 = FeedbackLinear(8, 3, bias=False)
+
+            def forward(self, x):
+                x = torch.relu(self.fc1(x))
+                return self.fc2(x)
+
+        net = Net()
+        loss = nn.functional.cross_entropy(net(torch.randn(4, 6)), torch.tensor([0, 2, 1, 0]))
+        loss.backward()
+    """,
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOOKS))
+def test_a_hook_that_returns_what_does_not_fit_is_named_at_the_node_it_sits_on(tmp_path, case):
+    source = HOOKS[case]
+    expected = anomaly_line(tmp_path / "oracle.py", source)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # register_backward_hook's, in both runs alike
+        d, path = diagnosed(tmp_path, source, "backward-error")
+    code = path.read_text().splitlines()
+    assert d.line == expected, (d.line, d.source, code[expected - 1].strip(), d.message)
+    assert d.saved_line == [i for i, text in enumerate(code, 1) if ".backward()" in text][0]
+    assert "hook" in d.message and "return None" in d.fix
+
+
+def test_a_tensor_hook_names_the_tensor_and_the_line_that_registered_it(tmp_path):
+    d, path = diagnosed(tmp_path, HOOKS["a tensor hook that sums the gradient, in a module's forward"],
+                        "backward-error")
+    assert d.tensor == "h"
+    assert "the hook that line %d registered on `h`" % lines(path, "h.register_hook(lambda g: g.sum(0))")[0] \
+        in d.message
 
 
 # -- DistributedDataParallel, one process ---------------------------------------------------------

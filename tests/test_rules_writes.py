@@ -275,7 +275,7 @@ SWAPS = {
     "parameters restored by a context manager": (sharpness_step, lambda: sharpness_step(backward_inside=True),
                                                  "sam-restore", {"sam-saved"}, "model.w2"),
     "power iteration between two calls": (critic_step, lambda: critic_step(rebind=True), "sn-swap",
-                                          {"sn-saved-mv", "sn-saved-dot"}, "critic.u"),
+                                          {"sn-saved-mv", "sn-saved-dot"}, "self.u"),
 }
 
 

@@ -10,12 +10,16 @@ import math
 import os
 import re
 import tokenize
+import types
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from ..model import (DATA_SWAP, FREEZE_SETTER, Checkpoint, GraphNode, Location, ModuleCall, OpRecord, SavedSlot,
                      TensorInfo, Trace)
+from ..statements import BINOPS as _BINOPS, Statements as _Statements
+from ..statements import dotted as _dotted, element as _element, same_op as _same_op
+from ..statements import written_tensor as _written_tensor
 from . import graph as graph_snapshot
 from . import nan_watch
 from . import distributed
@@ -128,6 +132,11 @@ def freeze(recorder, namespaces: Iterable[dict]):
         except Exception as exc:
             recorder.lose("naming the modules that ops ran in", exc, "ops are not grouped by module")
             recorder.op_modules, recorder.user_calls = {}, {}
+        try:
+            recorder.backward_hooks = _module_backward_hooks(recorder)
+        except Exception as exc:
+            recorder.lose("reading the backward hooks of the modules called", exc,
+                          "an error that a module's backward hook raised is not traced to that module")
         try:
             distributed.freeze(recorder, module_names, names)
         except Exception as exc:
@@ -341,6 +350,7 @@ def _name_module_paths(recorder, module_names):
     by_path = {}
     children = {}  # id(parent) -> {id(child): its attribute name}
     classes = recorder.module_classes = {}
+    dotted = recorder.module_dotted = {}  # id(module) -> its dotted name
 
     def named(path):
         found = by_path.get(id(path))
@@ -360,6 +370,7 @@ def _name_module_paths(recorder, module_names):
                 name = "%s.%s" % (parent_name, child) if child is not None else None
             name = name or type(module).__name__
             classes[name] = type(module).__name__
+            dotted.setdefault(id(module), name)
             parts.append(name)
             parent_name, parent = name, module
         by_path[id(path)] = (tuple(parts), path)  # the path is kept with its id: no other can take it
@@ -370,6 +381,34 @@ def _name_module_paths(recorder, module_names):
     for calls in recorder.user_calls.values():
         calls[:] = [call[:5] + (named(call[5]),) + call[6:] for call in calls]
     recorder.open_calls = []
+
+
+# How a module's backward hooks were registered, by the dict that holds them and the flag that
+# tells the two kinds of `_backward_hooks` apart.
+_OLD_STYLE_HOOK, _FULL_HOOK, _FULL_PRE_HOOK = ("register_backward_hook", "register_full_backward_hook",
+                                               "register_full_backward_pre_hook")
+
+
+def _module_backward_hooks(recorder) -> Dict[str, Tuple[Tuple[Optional[str], str], ...]]:
+    """Dotted module name -> (the hook's name, how it was registered) for each backward hook of the
+    modules that ran in the block, as they are when it ends: a hook that raised in backward is named
+    by PyTorch by its `__name__` only. Read from the modules' dicts: nothing of the user's runs."""
+    dotted = getattr(recorder, "module_dotted", {})
+    out = {}
+    for module in recorder.modules.values():
+        state = module.__dict__
+        hooks = [(hook, _FULL_HOOK if state.get("_is_full_backward_hook") else _OLD_STYLE_HOOK)
+                 for hook in (state.get("_backward_hooks") or {}).values()]
+        hooks += [(hook, _FULL_PRE_HOOK) for hook in (state.get("_backward_pre_hooks") or {}).values()]
+        if hooks and id(module) in dotted:
+            out[dotted[id(module)]] = tuple((_hook_name(hook), how) for hook, how in hooks)
+    return out
+
+
+def _hook_name(hook) -> Optional[str]:
+    """A function's name, as PyTorch's messages give it (`'<lambda>'`); None for another callable,
+    whose `__name__` could be a property of the user's."""
+    return hook.__name__ if isinstance(hook, (types.FunctionType, types.MethodType)) else None
 
 
 def raised_at(exc) -> Optional[Tuple[str, int, str]]:
@@ -408,13 +447,15 @@ def build_trace(recorder, live, names, error: Optional[str] = None, error_at=Non
                      "is not named by the line that called it", _calls, recorder, trace):
             trace.calls = []
         _graph(recorder, trace)
-        if not _part(trace, "naming the tensors", "tensors are described instead of named", _names, trace, names):
+        if not _part(trace, "naming the tensors", "tensors are described instead of named", _names, trace, names,
+                     getattr(recorder, "variable_names", {})):
             for info in trace.tensors.values():
                 info.name = None
         trace.kept = {t_id: (first, last) for t_id, (first, last) in recorder.kept.seen.items() if t_id in trace.tensors}
         calls = recorder.function_calls
         trace.function_calls = [(calls[i], calls[i + 1]) for i in range(0, len(calls), 2)]
         trace.notes.extend(getattr(recorder, "module_name_notes", ()))
+        trace.backward_hooks = dict(getattr(recorder, "backward_hooks", {}))
         if recorder.nan_origin is not None:
             backward, key, name, facts = recorder.nan_origin
             trace.nan_origin = {"backward": backward, "node": key, "name": name, "facts": facts}
@@ -683,6 +724,7 @@ def _namespace_names(recorder, namespaces, trees) -> Dict[int, str]:
     spaces += list(recorder.user_globals.values())
     params: Dict[int, str] = {}
     modules: Dict[int, str] = {}
+    variables = set()
     for ns in spaces:
         for name, value in list(dict.items(ns)):  # not a subclass's items(): no code of the user's
             kind = value_kind(value)
@@ -692,6 +734,7 @@ def _namespace_names(recorder, namespaces, trees) -> Dict[int, str]:
                 t_id = known(value)
                 if t_id is not None:
                     found.setdefault(t_id, name)
+                    variables.add(t_id)
                 continue
             try:
                 tree = _module_tree(value, name, trees)
@@ -708,6 +751,9 @@ def _namespace_names(recorder, namespaces, trees) -> Dict[int, str]:
         found.setdefault(t_id, name)
     for t_id, name in recorder.names.items():
         found.setdefault(t_id, name)
+    # The names that are variables of the user's holding the tensor itself, not paths through a module.
+    recorder.variable_names = {t_id: name for t_id, name in found.items()
+                               if t_id in variables or recorder.names.get(t_id) == name}
     return found, modules
 
 
@@ -749,12 +795,13 @@ def _module_tree(module, name, trees):
     return tree
 
 
-def _names(trace, found: Dict[int, str]):
+def _names(trace, found: Dict[int, str], variables: Dict[int, str]):
     found = dict(found)
     for t_id, name in _assignment_targets(trace).items():
         found.setdefault(t_id, name)
     for t_id, info in trace.tensors.items():
         info.name = found.get(t_id)
+        info.by_variable = info.name is not None and variables.get(t_id) == info.name
     # A detached alias shares its source's memory and version counter, as a view shares its base's.
     # One that torch made by calling the aten op (the output a compiled function saved for backward)
     # was never the user's: it is that tensor. (The user's own `x.detach()` is a tensor of its own.)
@@ -905,80 +952,6 @@ def _made_in_statement(ops, units, at: int, tid: int):
     return None
 
 
-class _Statements:
-    """The statements of the user's source that ops ran at. A statement written over several lines
-    (a call wrapped by a formatter) runs its ops at any of its lines; only the whole of it says
-    what it assigns. A line that is not part of such a statement stands for itself."""
-
-    def __init__(self, trace):
-        self.trace = trace
-        self.files: Dict[str, "_SourceFacts"] = {}
-
-    def facts(self, filename: str) -> "_SourceFacts":
-        found = self.files.get(filename)
-        if found is None:
-            lines = self.trace.sources.get(filename) or []
-            found = self.files[filename] = _source_facts("".join(lines)) if lines else _NO_FACTS
-        return found
-
-    def first_line(self, where: Location) -> int:
-        span = self.facts(where.filename).spans.get(where.line)
-        return where.line if span is None else span[0]
-
-    def text(self, where: Location) -> str:
-        span = self.facts(where.filename).spans.get(where.line)
-        if span is None:
-            return where.source
-        lines = self.trace.sources[where.filename][span[0] - 1:span[1]]
-        return "".join(lines).strip()
-
-
-class _SourceFacts:
-    """What naming needs from a whole source file: `spans`, line -> (first, last) line of the simple
-    statement written over several lines that holds it; `classes`, the names the file binds to classes
-    (its `class` statements, capitalised names it imports); `modules`, the names it binds to modules."""
-
-    __slots__ = ("spans", "classes", "modules")
-
-    def __init__(self, spans, classes, modules):
-        self.spans, self.classes, self.modules = spans, classes, modules
-
-    def is_class(self, callee: str) -> bool:
-        """Whether a capitalised callee (`Slot`, `Categorical`, `torch.distributions.Normal`) is a class
-        the file defines or imports, or reaches through a module; not a variable (`G(z)`, `self.D(x)`)."""
-        root, _, rest = callee.partition(".")
-        return callee in self.classes if not rest else root in self.modules
-
-
-_NO_FACTS = _SourceFacts({}, frozenset(), frozenset())
-_COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.AsyncFor, ast.While,
-             ast.With, ast.AsyncWith, ast.Try, getattr(ast, "TryStar", ast.Try), getattr(ast, "Match", ast.If))
-
-
-@functools.lru_cache(maxsize=64)  # a training loop builds a trace per step from the same files
-def _source_facts(source: str) -> _SourceFacts:
-    """The _SourceFacts of a file; none when it does not parse (a notebook cell with magics)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return _NO_FACTS
-    spans: Dict[int, Tuple[int, int]] = {}
-    classes, modules = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.stmt) and not isinstance(node, _COMPOUND) and node.end_lineno > node.lineno:
-            for line in range(node.lineno, node.end_lineno + 1):
-                spans[line] = (node.lineno, node.end_lineno)
-        if isinstance(node, ast.ClassDef):
-            classes.add(node.name)
-        elif isinstance(node, ast.Import):
-            modules.update((a.asname or a.name).partition(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            for a in node.names:
-                bound = a.asname or a.name
-                (classes if a.name[:1].isupper() else modules).add(bound)
-    return _SourceFacts(spans, frozenset(classes), frozenset(modules))
-
-
 def _call_target(text: str, first_line: int, indent: int, span) -> Optional[object]:
     """The name (or tuple of names) a statement assigns the result of the call at `span` to (lines
     and UTF-8 columns in the file; the statement starts at `first_line`, indented by `indent`), when
@@ -1007,111 +980,6 @@ class _LoopTarget(str):
     @property
     def name(self) -> str:
         return str(self)
-
-
-def _written_tensor(op, text: str, parsed, made_in_statement) -> Optional[Tuple[int, str]]:
-    """(tid, the user's expression for it) of the tensor a statement writes in place (or tried to:
-    PyTorch refuses a write into a leaf that requires grad), or whose memory it swaps, when the
-    statement writes through one expression and this op is that write: `x.add_(1)`, `x[i] = v`,
-    `x += v`, `torch.arange(n, out=x)`, `F.relu(x, inplace=True)`, `nn.init.zeros_(x)`,
-    `x.data = v`, `setattr(x, "data", v)`. `made_in_statement(tid)` is the op of the statement that
-    returned a tensor, if one did: it tells an index into a tensor (`model.emb.weight[0].fill_(0)`
-    writes a view of `model.emb.weight`) from an element of a list or dict (`bufs[0].add_(1)`)."""
-    if not (op.writes or op.out or (op.error is not None and _REFUSED_WRITE.search(op.error))):
-        return None
-    key = ("written", text)
-    if key not in parsed:
-        parsed[key] = _write_expression(text)
-    found = parsed[key]
-    if found is None:
-        return None
-    expression, spelling, callee = found
-    if spelling == "out":
-        tid = op.out[0] if op.out else (op.writes[0] if len(op.writes) == 1 else None)
-        if tid is None or op.name.rpartition(".")[2] != callee:
-            return None
-    elif spelling == "swap":
-        if op.name != DATA_SWAP or not op.inputs:
-            return None
-        tid = op.inputs[0]
-    else:
-        if not op.inputs or not _same_op(callee, op.name):
-            return None
-        tid = op.inputs[0]
-    while isinstance(expression, ast.Subscript):
-        made = made_in_statement(tid)
-        if made is None or made.name != "Tensor.__getitem__" or not made.inputs:
-            break  # an element of a container: the whole expression is the user's name for it
-        expression, tid = expression.value, made.inputs[0]
-    name = _dotted(expression) or _element(expression, text)
-    return (tid, name) if name else None
-
-
-def _element(node, text: str) -> Optional[str]:
-    """`bufs[0]`, `state["u"]`, `self.slots[k].h` as written: a name or attribute chain with constant or
-    plain-name subscripts. Else None."""
-    inner = node
-    while isinstance(inner, (ast.Attribute, ast.Subscript)):
-        if isinstance(inner, ast.Subscript) and not isinstance(inner.slice, (ast.Constant, ast.Name)):
-            return None
-        inner = inner.value
-    if not isinstance(inner, ast.Name):
-        return None
-    return ast.get_source_segment(text, node)
-
-
-# PyTorch's refusals of a write into a leaf: "... is being used in an in-place operation", "functions
-# with out=... arguments don't support automatic differentiation".
-_REFUSED_WRITE = re.compile(r"in-place operation|out=\.\.\. arguments")
-_MODULE_ROOTS = ("torch", "nn", "F", "init", "np")
-
-
-def _write_expression(text: str):
-    """(the expression written, how the write is spelled, the name of its call) of a statement that
-    writes in place through exactly one expression, else None."""
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return None
-    if len(tree.body) != 1:
-        return None
-    stmt = tree.body[0]
-    found = []
-    if isinstance(stmt, ast.AugAssign):
-        found.append((stmt.target, "augmented", "__i%s__" % _BINOPS.get(type(stmt.op), "?")))
-    elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-        target = stmt.targets[0]
-        if isinstance(target, ast.Subscript):
-            found.append((target.value, "setitem", "__setitem__"))
-        elif isinstance(target, ast.Attribute) and target.attr == "data":
-            found.append((target.value, "swap", "data"))
-    for node in ast.walk(stmt):
-        if not isinstance(node, ast.Call):
-            continue
-        for keyword in node.keywords:
-            if keyword.arg == "out":
-                found.append((keyword.value, "out", _callee_name(node.func)))
-            elif (keyword.arg == "inplace" and isinstance(keyword.value, ast.Constant)
-                  and keyword.value.value is True and node.args):
-                found.append((node.args[0], "inplace", _callee_name(node.func)))
-        func = node.func
-        if (isinstance(func, ast.Name) and func.id == "setattr" and len(node.args) == 3
-                and isinstance(node.args[1], ast.Constant) and node.args[1].value == "data"):
-            found.append((node.args[0], "swap", "data"))
-        elif isinstance(func, ast.Attribute) and func.attr.endswith("_") and not func.attr.startswith("_"):
-            receiver = _dotted(func.value)
-            if receiver is not None and receiver.partition(".")[0] in _MODULE_ROOTS:
-                if node.args:  # `nn.init.zeros_(x)`, `torch.relu_(x)`: the first argument is written
-                    found.append((node.args[0], "inplace", func.attr))
-            else:
-                found.append((func.value, "method", func.attr))
-    if len(found) != 1 or not found[0][2]:
-        return None
-    return found[0]
-
-
-def _callee_name(func) -> Optional[str]:
-    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
 
 
 def _read_statement(text: str):
@@ -1167,10 +1035,6 @@ def _constructor(value) -> Optional[str]:
     return callee
 
 
-_BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.MatMult: "matmul",
-           ast.Pow: "pow", ast.FloorDiv: "floordiv", ast.Mod: "mod"}
-
-
 def _operands_of(node):
     """(the call's name, operand names) of an expression that is one operation, else (None, None)."""
     if isinstance(node, ast.BinOp):
@@ -1184,27 +1048,6 @@ def _operands_of(node):
         if _dotted(owner):  # a method call: the receiver (`x`, `m.weight`) is the first input
             return node.func.attr, _operands([owner] + list(node.args))
     return None, None
-
-
-def _same_op(callee, op_name: str) -> bool:
-    """Whether the source's call (`matmul`, `__mul__`, `add_`) is the recorded op (torch.matmul,
-    Tensor.mul, Tensor.__mul__, Tensor.add_)."""
-    if not callee:
-        return False
-    short = op_name.rpartition(".")[2]
-    return short == callee or "__%s__" % short == callee or short == callee.strip("_") or (
-        callee.startswith("__i") and short == callee[3:-2] + "_")
-
-
-def _dotted(node) -> Optional[str]:
-    """`x` or `m.weight` (a name, or attributes of one), else None: exactly what the expression is."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return ".".join([node.id] + parts[::-1])
 
 
 def _dotted_tuple(node) -> Optional[tuple]:

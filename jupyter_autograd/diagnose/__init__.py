@@ -11,7 +11,7 @@ from typing import Dict, List
 
 from ..model import PROBLEM_KINDS, Diagnosis, Trace
 from ..render.text import EXPLAINS
-from . import errors, flow, inplace
+from . import errors, flow, inplace, names
 from .paths import ancestors
 
 _ORDER = {kind: i for i, kind in enumerate(PROBLEM_KINDS)}
@@ -19,7 +19,25 @@ _ORDER = {kind: i for i, kind in enumerate(PROBLEM_KINDS)}
 
 def diagnose(trace: Trace) -> List[Diagnosis]:
     """Every rule, each failing alone: a rule that raises loses its own kind of problem, said in
-    `trace.warnings`, and the others still run."""
+    `trace.warnings`, and the others still run. Then each tensor a diagnosis names goes by the
+    expression its culprit line uses for it (names.py), and the rules say it again with those names."""
+    warnings, notes = list(trace.warnings), list(trace.notes)
+    found = _rules(trace)
+    try:
+        renamed = names.names_at_culprits(trace, found)
+    except Exception as exc:
+        trace.warnings.append("reading the names the culprit lines use failed (%s: %s): tensors keep the names "
+                              "the block gave them" % (type(exc).__name__, exc))
+        return found
+    if not renamed:
+        return found
+    for tid, name in renamed.items():
+        trace.tensors[tid].name = name
+    trace.warnings[:], trace.notes[:] = warnings, notes  # said again by the rules
+    return _rules(trace)
+
+
+def _rules(trace: Trace) -> List[Diagnosis]:
     ranks: Dict[int, tuple] = {}
 
     def rule(find, kinds, *args):

@@ -17,8 +17,8 @@ from typing import Iterable, List, Optional, Tuple
 
 from .. import fixes
 from ..fixes import line_ref, where
-from ..model import Checkpoint, Diagnosis, DistributedModel, Location, OpRecord, Trace
-from .paths import at_maker, engine_order
+from ..model import Checkpoint, Diagnosis, DistributedModel, Location, OpRecord, Trace, is_description
+from .paths import at_maker, engine_order, node_at
 
 # The words of each error (also in render/text.py's EXPLAINS, for the exception's note).
 _MULTIPLE_VIEWS = "This view is the output of a function that returns multiple views"
@@ -29,7 +29,8 @@ _VIEW_WRITE = re.compile(r"is a view and is being modified inplace|A view was cr
 _INFERENCE_SAVED = "Inference tensors cannot be saved for backward"
 _NONLEAF_FLAG = "you can only change requires_grad flags of leaf variables"
 _NONSCALAR = "grad can be implicitly created only for scalar outputs"
-_NO_DERIVATIVE = re.compile(r"derivative for '?(?:aten::)?([\w.]+?)'? is not implemented")
+# `_unique2`, `aten::floor_divide`, `igamma: input` (the derivative for one input only): the op's name.
+_NO_DERIVATIVE = re.compile(r"derivative for '?(?:aten::)?([\w.]+?)(?:: \w+)?'? is not implemented")
 _INVALID_GRADIENT = re.compile(r"[Ff]unction (\w+) returned (?:an invalid gradient at index (\d+)|an incorrect number "
                                r"of gradients \(expected (\d+), got (\d+)\)|a gradient different than None at "
                                r"position (\d+))")
@@ -41,6 +42,8 @@ _READY_TWICE = "Expected to mark a variable ready only once"
 _MARKED_TWICE = re.compile(r"Parameter at index (\d+)(?: with name ([\w.]+))? has been marked as ready twice")
 # How PyTorch names a node in its messages: `MulBackward0`, `Function 'SqrtBackward0'`, `output 0 of Split`.
 _NODE_NAMED = re.compile(r"\b(\w+Backward\d*)\b|output \d+ of (\w+)")
+# How PyTorch names a hook whose return value it refused: by its `__name__`.
+_HOOK_NAMED = re.compile(r"\bhook '([^']*)' (?:has|returned)")
 
 
 def _diagnosis(kind: str, at: Optional[Location], message: str, fix: str, tensor: Optional[str] = None,
@@ -84,12 +87,17 @@ def _name(trace: Trace, tid: Optional[int]) -> Optional[str]:
     return trace.tensor_label(tid) if tid is not None and tid in trace.tensors else None
 
 
-def _maker(trace: Trace, tid: Optional[int]) -> Optional[OpRecord]:
-    """The op that made a tensor, at the line that called the user-written module which returned it."""
+def _made(trace: Trace, tid: Optional[int]) -> Optional[OpRecord]:
+    """The op that made a tensor, at its own line: the innermost line of the user's, where a fix goes."""
     info = trace.tensors.get(tid) if tid is not None else None
     if info is None or info.created_by is None or info.created_by >= len(trace.ops):
         return None
-    return at_maker(trace, tid, trace.ops[info.created_by])
+    return trace.ops[info.created_by]
+
+
+def _maker(trace: Trace, tid: Optional[int]) -> Optional[OpRecord]:
+    """The op that made a tensor, at the line that called the user-written module which returned it."""
+    return at_maker(trace, tid, _made(trace, tid))
 
 
 def _checkpoint_of(trace: Trace, op: OpRecord) -> Optional[Checkpoint]:
@@ -278,21 +286,26 @@ def nonleaf_requires_grad(trace: Trace) -> List[Diagnosis]:
 
 def nonscalar_backward(trace: Trace) -> List[Diagnosis]:
     """backward() (or autograd.grad() without grad_outputs) from a tensor with more than one element.
-    Culprit: the line that made it, where the reduction goes; saved: the backward call."""
+    Culprit: the line that made it, where the reduction goes: its own line, also inside a module the
+    user wrote (a loss module returning a value per sample); saved: the backward call."""
     out = []
     for op in trace.ops:
         if not op.is_backward or not op.error or _NONSCALAR not in op.error:
             continue
         root = next((t for t in op.inputs if t in trace.tensors and _numel(trace.tensors[t].shape) != 1), None)
-        made = _maker(trace, root)
+        made = _made(trace, root)
         name = _name(trace, root)
         shape = trace.tensors[root].shape if root is not None else ()
-        message = ("%s is a tensor of shape (%s), %d values, not a scalar: backward() has to start from one number "
-                   "(or be given a gradient for each value). %s calls %s from it. PyTorch raised: \"%s\""
-                   % ("%s, made on %s," % (_shown(name), line_ref(made)) if made is not None and name else
-                      _shown(name) if name else "The tensor",
-                      ", ".join(str(s) for s in shape), _numel(shape), where(op),
-                      "torch.autograd.grad()" if op.name == "torch.autograd.grad" else "backward()", _raised(op.error)))
+        if name and is_description(name):  # says what made it, its line and its shape
+            what = "%s%s, has %d values, not one" % (name[:1].upper(), name[1:], _numel(shape))
+        else:
+            what = "%s is a tensor of shape (%s), %d values, not a scalar" % (
+                "%s, made on %s," % (_shown(name), line_ref(made)) if made is not None and name else
+                _shown(name) if name else "The tensor", ", ".join(str(s) for s in shape), _numel(shape))
+        message = ("%s: backward() has to start from one number (or be given a gradient for each value). %s calls "
+                   "%s from it. PyTorch raised: \"%s\""
+                   % (what, where(op), "torch.autograd.grad()" if op.name == "torch.autograd.grad" else "backward()",
+                      _raised(op.error)))
         culprit = made if made is not None else op
         fix = fixes.nonscalar_fix(culprit.location.source if culprit.location else "", name,
                                   op.name == "torch.autograd.grad", line_ref(op))
@@ -313,34 +326,37 @@ def _numel(shape) -> int:
 
 def not_differentiable(trace: Trace) -> List[Diagnosis]:
     """An op whose derivative PyTorch does not implement, on the way to the loss. Culprit: the forward
-    line that ran it; saved: the backward call that met its node."""
+    line that ran it (for the backward formula of an op, run by a backward with create_graph=True, the
+    forward line of that op); saved: the backward call that met its node."""
     out = []
     for op in trace.ops:
         m = _NO_DERIVATIVE.search(op.error or "")
         if m is None:
             continue
         missing = m.group(1)
-        made, key = (op, op.node) if not op.is_backward else (None, None)
-        if op.is_backward:
-            order = _nodes_run(trace, op)
-            named = [k for k in order if _plain_node_name(trace.nodes[k].name) == _plain_node_name(missing)]
-            # Ops with no derivative formula at all get a node of this name; backward stops at the first it runs.
-            named = named or [k for k in order if trace.nodes[k].name == "NotImplemented"]
-            key = named[0] if named else None
-            made = _node_made(trace, key)
+        made, key, through = (op, op.node, None) if not op.is_backward else _without_derivative(trace, op, missing)
         result = _output_of(trace, made)
         name = _name(trace, result)
-        ran = ("%s runs %s" % (where(made), _op_words(made, missing))) if made is not None else \
-            "An operation of the forward pass"
-        known_as = [] if made is not None and "<" in made.name else ["`%s` to PyTorch" % missing]
-        known_as += ["node %s" % trace.nodes[key].name] if key in trace.nodes else []
-        message = ("%s, which has no derivative%s. Its result%s requires grad and is on the way "
-                   "to the tensor backward starts from, so backward cannot go through it. PyTorch raised: \"%s\""
-                   % (ran, " (%s)" % ", ".join(known_as) if known_as else "",
-                      " " + _shown(name) if name else "", _raised(op.error)))
-        inputs = [_name(trace, t) for t in made.inputs] if made is not None else []
-        fix = fixes.not_differentiable_fix(_op_words(made, missing) if made is not None else "`%s`" % missing, name,
-                                           next((n for n in inputs if n), None))
+        if through is not None:
+            ran = ("%s runs %s, whose backward (`%s` to PyTorch) has no derivative itself. The backward on %s "
+                   "ran it with create_graph=True, so that gradient is on the way to the tensor this backward "
+                   "starts from, and a second-order gradient cannot go through it"
+                   % (where(made), _op_words(made), missing, line_ref(through)))
+            message = "%s. PyTorch raised: \"%s\"" % (ran, _raised(op.error))
+            fix = fixes.second_order_fix(_op_words(made), line_ref(through))
+        else:
+            ran = ("%s runs %s" % (where(made), _op_words(made, missing))) if made is not None else \
+                "An operation of the forward pass"
+            known_as = [] if made is not None and "<" in made.name else ["`%s` to PyTorch" % missing]
+            known_as += ["node %s" % trace.nodes[key].name] if key in trace.nodes else []
+            message = ("%s, which has no derivative%s. Its result%s requires grad and is on the way "
+                       "to the tensor backward starts from, so backward cannot go through it. PyTorch raised: \"%s\""
+                       % (ran, " (%s)" % ", ".join(known_as) if known_as else "",
+                          "" if not name else " (%s)" % name if is_description(name) else " " + _shown(name),
+                          _raised(op.error)))
+            inputs = [_name(trace, t) for t in made.inputs] if made is not None else []
+            fix = fixes.not_differentiable_fix(_op_words(made, missing) if made is not None else "`%s`" % missing,
+                                               name, next((n for n in inputs if n), None))
         culprit = made if made is not None else op
         diag = _diagnosis("not-differentiable", culprit.location, message, fix, tensor=name, tids=(result,),
                           op=culprit)
@@ -348,6 +364,55 @@ def not_differentiable(trace: Trace) -> List[Diagnosis]:
             diag.node_key, diag.node = key, trace.nodes[key].name
         out.append(_saved_at(diag, op) if op.is_backward else diag)
     return out
+
+
+def _without_derivative(trace: Trace, backward: OpRecord, missing: str):
+    """(the forward op that made the node without a derivative which `backward` met, its node key, and
+    the earlier backward call that ran that op's backward with create_graph=True when the missing
+    derivative is of a backward formula), from the nodes `backward` runs. A node of the op's own name
+    (`Unique2Backward0`: PyTorch declares its derivative not implemented) was made by its op. An op
+    with no derivative formula at all gets a node `NotImplemented` without a sequence number: it is
+    the grad_fn of an input of the op that made a node run before it, the input made with grad on
+    whose op got no numbered node; or a backward that recorded a graph (create_graph=True) made it,
+    while it ran the backward formula of a forward op: the node of that op's name."""
+    order = _nodes_run(trace, backward)
+    named = [k for k in order if _plain_node_name(trace.nodes[k].name) == _plain_node_name(missing)]
+    if named:
+        made, key = _node_made(trace, named[0]), named[0]
+    else:
+        unnumbered = {k for k in order if trace.nodes[k].name == "NotImplemented"}
+        key = next(iter(unnumbered), None)
+        # The roots first: backward runs them before anything else.
+        makers = [_unnumbered_maker(trace, t) for t in backward.inputs[:1]]
+        for parent in order:
+            if unnumbered.intersection(trace.nodes[parent].inputs):
+                user = _node_made(trace, parent)
+                if user is not None and user.is_backward:
+                    makers.append(user)
+                elif user is not None:
+                    makers += [_unnumbered_maker(trace, t) for t in user.inputs]
+        made = next((m for m in makers if m is not None), None)
+    if made is None or not made.is_backward:
+        return made, key, None
+    # Made by a backward that recorded a graph of its own: the missing derivative is that of the
+    # backward formula (`_cdist_backward`) of a forward op whose node it ran (CdistBackward0).
+    stem = re.sub(r"_backward$", "", missing)
+    forward = next((k for k in _nodes_run(trace, made)
+                    if stem != missing and _plain_node_name(trace.nodes[k].name) == _plain_node_name(stem)), None)
+    return (_node_made(trace, forward), forward, made) if forward is not None else (made, key, None)
+
+
+def _unnumbered_maker(trace: Trace, tid: int) -> Optional[OpRecord]:
+    """The forward op that made tensor `tid` with grad on and gave it a grad_fn without a sequence
+    number (it requires grad and is no leaf, yet its op made no numbered node), if one did."""
+    info = trace.tensors.get(tid)
+    if info is None or info.is_leaf or not info.first_requires_grad or info.created_by is None \
+            or info.created_by >= len(trace.ops):
+        return None
+    maker = trace.ops[info.created_by]
+    if maker.is_backward or maker.node is not None or tid in maker.inputs or not maker.grad_enabled:
+        return None
+    return maker
 
 
 # -- invalid-gradient -----------------------------------------------------------------------------
@@ -585,6 +650,7 @@ def _floor(trace: Trace, op: OpRecord) -> Diagnosis:
                      and (at.filename, at.line) != (op.location.filename, op.location.line))
     root = op.inputs[0] if op.inputs else None
     named = _node_made(trace, key)
+    hooked = _hooked(trace, op, order) if named is None and not raised_inside else None
     if named is not None:
         tensor = _output_of(trace, named)
         culprit, place = named, named.location
@@ -595,6 +661,9 @@ def _floor(trace: Trace, op: OpRecord) -> Diagnosis:
         tensor, culprit, place = root, None, at
         how = ("it was raised by your code that backward ran, line %d in `%s()`%s: a hook or a custom Function's "
                "backward" % (at.line, at.function, " (`%s`)" % at.source if at.source else ""))
+    elif hooked is not None:
+        tensor, culprit, how = hooked
+        place = culprit.location
     else:
         tensor = root
         culprit = _maker(trace, root)
@@ -604,11 +673,67 @@ def _floor(trace: Trace, op: OpRecord) -> Diagnosis:
     message = "%s raised \"%s\": %s." % (where(op), _raised(op.error, whole=True), how)
     # The user's name, or none: a description would make a title of a sentence.
     name = trace.tensors[tensor].name if tensor in trace.tensors else None
-    fix = fixes.backward_error_fix(name, place.line if place is not None else None, op.error)
+    fix = fixes.backward_error_fix(name, place.line if place is not None else None, op.error,
+                                   _HOOK_NAMED.search(op.error).group(1) if hooked is not None else None)
     diag = _diagnosis("backward-error", place, message, fix, tensor=name, tids=(tensor,), op=culprit or op)
     if key is not None:
         diag.node_key, diag.node = key, trace.nodes[key].name
     return _saved_at(diag, op)
+
+
+def _hooked(trace: Trace, backward: OpRecord, order: List[int]):
+    """(the tensor, the op, how) for an error PyTorch raised about what a hook returned (`hook 'name'
+    has changed the size of value`): the forward line that made the node the hook sits on, the node
+    whose gradients it changed. A module's backward hook of that name sits on the node of what each
+    call of the module returned (the first the backward ran); else the one tensor hook on a tensor
+    this backward runs through (`h.register_hook(...)`: the hook's name is not recorded), at the line
+    that made the tensor, or the line that registered it on a leaf. None when neither is certain."""
+    m = _HOOK_NAMED.search(backward.error or "")
+    if m is None:
+        return None
+    hook = m.group(1)
+    position = {k: i for i, k in enumerate(order)}
+    outputs = []
+    for module, hooks in trace.backward_hooks.items():
+        registered = [how for name, how in hooks if name == hook]
+        if registered:
+            outputs += [(position[made.node], made, module, registered[0]) for made in _call_results(trace, module)
+                        if made.node in position]
+    if outputs:
+        _, made, module, how = min(outputs, key=lambda found: found[0])
+        return _output_of(trace, made), made, (
+            "`%s` (%s) has the backward hook `%s` (%s), which backward ran on the gradients of the node that "
+            "%s made for what the call of `%s` returned, and what it returned does not fit them" % (
+                module, trace.modules.get(module, "a module"), hook, how, line_ref(made), module))
+    registrations = {}
+    for op in trace.ops[:backward.index]:
+        if op.name == "Tensor.register_hook" and op.inputs and op.location is not None:
+            key = node_at(trace, op.inputs[0], op.index)
+            if key in position:
+                registrations.setdefault(key, (op, op.inputs[0]))
+    if len(registrations) != 1:
+        return None
+    [(registration, tensor)] = registrations.values()
+    made = _made(trace, tensor)
+    culprit = made if made is not None and made.location is not None else registration
+    shown = _shown(_name(trace, tensor)) or "its tensor"
+    return tensor, culprit, (
+        "the hook that %s registered on %s%s changed the gradient of %s, and what it returned does not fit it" % (
+            line_ref(registration), shown, ", made on %s," % line_ref(made) if culprit is made else "", shown))
+
+
+def _call_results(trace: Trace, module: str) -> List[OpRecord]:
+    """For each call of a module (a run of consecutive ops inside it), the last op that made a node:
+    what the call returned."""
+    out, last = [], None
+    for op in trace.ops:
+        if module in op.module:
+            if op.node is not None and not op.is_backward:
+                last = op
+        elif last is not None:
+            out.append(last)
+            last = None
+    return out + ([last] if last is not None else [])
 
 
 def error_kinds(trace: Trace) -> List[Diagnosis]:

@@ -2,7 +2,7 @@
 # iteration per call, and stores the new vector by overwriting `self.u.data`. The graph of each call
 # saved `self.u` itself (in `torch.dot`), so the two calls feeding one loss both backpropagate
 # through the last vector written: the weight's gradient is silently wrong.
-# expect: silent-data-mutation tensor=critic.u
+# expect: silent-data-mutation tensor=self.u
 # outcome: wrong-grad
 import torch
 import torch.nn.functional as F

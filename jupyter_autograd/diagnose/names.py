@@ -1,0 +1,339 @@
+"""The name a diagnosis gives the tensor it is about: the expression its culprit line uses for it.
+
+A tensor goes by several names: a variable of the user's that holds it (`log_alpha`), the path a
+module's buffer has through the model the namespace holds (`model.queue`), the assignment that made
+it (`t_centroid`), the expression each line that reads or writes it spells (`self.queue`,
+`self.t_centroid`). The trace names each tensor once (capture/build.py); a diagnosis points at one
+line, and that line is what the user reads. There the tensor goes by the expression the line itself
+uses for it, when the line's own text and the op's inputs make it certain and it says where the
+tensor is held (an attribute, an element: `self.queue`, `state["h"]`), before a module path or a
+name from another line. A variable of the user's holding the tensor stays its name, and a parameter
+keeps its dotted path; a bare local name at the culprit line (a loop's `buf`, a function's `t`) is
+an alias there, and names only a tensor that has no name.
+
+Certain means: the op is matched to the part of the statement that ran it, in Python's order of
+evaluation, the same way by every reading of the statement's recorded ops that is consistent (each
+op where an operation of that name is written; a result of one op used where its expression is an
+operand of the next; an operation whose operand made a tensor ran; an operand that made no tensor
+is no tensor). Then the expression is the statement's target for the op's result, the operand for
+an input, the expression written for a write.
+"""
+from __future__ import annotations
+
+import ast
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from ..model import DATA_SWAP, FREEZE_SETTER, Diagnosis, OpRecord, Trace
+from ..statements import Statements, dotted, element, same_op, written_tensor
+
+# The recorded names (without `Tensor.`, `torch.`, underscores) an operator of the source runs as.
+_BINARY = {ast.Add: {"add"}, ast.Sub: {"sub", "rsub"}, ast.Mult: {"mul"}, ast.MatMult: {"matmul", "rmatmul"},
+           ast.Div: {"div", "truediv", "true_divide", "rdiv", "rtruediv"}, ast.Pow: {"pow", "rpow"},
+           ast.FloorDiv: {"floordiv", "floor_divide", "rfloordiv"}, ast.Mod: {"mod", "remainder", "fmod", "rmod"},
+           ast.BitAnd: {"and", "bitwise_and", "rand"}, ast.BitOr: {"or", "bitwise_or", "ror"},
+           ast.BitXor: {"xor", "bitwise_xor", "rxor"}, ast.LShift: {"lshift", "rlshift"},
+           ast.RShift: {"rshift", "rrshift"}}
+_UNARY = {ast.USub: {"neg", "negative"}, ast.UAdd: {"pos", "positive"}, ast.Invert: {"invert", "bitwise_not"}}
+_COMPARE = {ast.Gt: {"gt", "greater"}, ast.Lt: {"lt", "less"}, ast.GtE: {"ge", "greater_equal"},
+            ast.LtE: {"le", "less_equal"}, ast.Eq: {"eq"}, ast.NotEq: {"ne", "not_equal"}}
+# Callees whose arguments, when tensors, are always an op's inputs (a user's function or module may
+# do anything with them).
+_TORCH_ROOTS = ("torch", "F", "nn", "init")
+# Statements whose order of evaluation depends on values: no reading of them is certain.
+_BRANCHING = (ast.BoolOp, ast.IfExp, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda,
+              ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom, ast.Starred)
+_READINGS = 64  # consistent readings of one statement beyond which none is taken as certain
+
+
+def names_at_culprits(trace: Trace, found: List[Diagnosis]) -> Dict[int, str]:
+    """tid -> the expression the culprit line of a diagnosis uses for the tensor it names, where that
+    is certain and goes before the tensor's name (the first diagnosis to name a tensor decides)."""
+    statements, renamed = Statements(trace), {}
+    for d in found:
+        op = trace.ops[d.op_index] if d.op_index is not None and d.op_index < len(trace.ops) else None
+        if op is None or op.location is None or d.tensor is None or (d.filename, d.line) != (
+                op.location.filename, op.location.line):
+            continue
+        tid = next((t for t in d.tids if t in trace.tensors and trace.tensor_label(t) == d.tensor), None)
+        if tid is None or tid in renamed:
+            continue
+        info = trace.tensors[tid]
+        if info.is_parameter or info.by_variable:
+            continue
+        name = spelled(trace, statements, op, tid)
+        if name is None or name == info.name or (info.name is not None and name.isidentifier()):
+            continue
+        renamed[tid] = name
+    return renamed
+
+
+def spelled(trace: Trace, statements: Statements, op: OpRecord, tid: int) -> Optional[str]:
+    """The expression op's statement uses for tensor `tid`, which the op wrote, made or took, when
+    certain; else None."""
+    text = statements.text(op.location)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1 or any(isinstance(node, _BRANCHING) for node in ast.walk(tree)):
+        return None
+    stmt = tree.body[0]
+    nearby = _same_statement(trace, statements, op)
+    written = written_tensor(op, text, {}, lambda t: next((o for o in reversed(nearby) if o.index < op.index
+                                                            and t in o.outputs), None))
+    if written is not None and written[0] == tid:
+        return written[1]
+    reading = _Reading(stmt, text)
+    if not reading.nodes:
+        return None
+    said = set()
+    for window in _windows(nearby, op, len(reading.nodes)):
+        readings = reading.alignments(window)
+        if readings is None:
+            return None
+        for matched in readings:
+            if not reading.consistent(window, matched):
+                continue
+            said.add(reading.name_of(op, matched[op.index], tid, window, matched))
+            if len(said) > 1:
+                return None
+    return said.pop() if said else None
+
+
+def _same_statement(trace: Trace, statements: Statements, op: OpRecord) -> List[OpRecord]:
+    """The ops around `op` that ran at its statement, one after the other (a statement run again, in a
+    loop or by another call, follows on; ops of any other line end the run). At most as many on each
+    side as a statement of this size can run."""
+    def unit(other: OpRecord):
+        where = other.location
+        if where is None:
+            return None
+        return where.filename, where.function, where.scope, statements.first_line(where)
+
+    mine, limit = unit(op), 64
+    before, after = [], []
+    for i in range(op.index - 1, max(-1, op.index - limit), -1):
+        if unit(trace.ops[i]) != mine:
+            break
+        before.append(trace.ops[i])
+    for i in range(op.index + 1, min(len(trace.ops), op.index + limit)):
+        if unit(trace.ops[i]) != mine:
+            break
+        after.append(trace.ops[i])
+    return before[::-1] + [op] + after
+
+
+def _windows(nearby: List[OpRecord], op: OpRecord, size: int) -> Iterator[List[OpRecord]]:
+    """The stretches of `nearby` holding `op` that one execution of a statement with `size` operations
+    could have run."""
+    at = nearby.index(op)
+    for first in range(max(0, at - size + 1), at + 1):
+        for end in range(at + 1, min(len(nearby), first + size) + 1):
+            yield nearby[first:end]
+
+
+class _Reading:
+    """A statement's operations in Python's order of evaluation, and how recorded ops fit them."""
+
+    def __init__(self, stmt: ast.stmt, text: str):
+        self.text = text
+        self.value, self.target = None, None
+        self.nodes: List[ast.AST] = []
+        self.stores = set()  # ids of the targets whose store runs an op (`x[i] = v`, `x.data = v`)
+        self.operands: Dict[int, List[ast.AST]] = {}  # id(node) -> its operand expressions
+        self.consumer: Dict[int, Tuple[ast.AST, bool]] = {}  # id(operand) -> (its operation, must it run)
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            self.value = stmt.value
+            self._visit(stmt.value)
+            if len(targets) == 1:
+                self.target = targets[0]
+                self._store(targets[0], stmt.value)
+        elif isinstance(stmt, ast.AugAssign):
+            self._visit(stmt.target.value if isinstance(stmt.target, ast.Attribute) else stmt.target)
+            self._visit(stmt.value)
+            self._add(stmt, [stmt.target, stmt.value])
+        elif isinstance(stmt, (ast.Expr, ast.Return)) and stmt.value is not None:
+            self._visit(stmt.value)
+        if len(self.nodes) > 12:
+            self.nodes = []  # too many operations for every reading of them to be tried
+
+    # -- the statement's operations, in the order Python runs them -------------------------------
+    def _visit(self, node: ast.AST) -> None:
+        if isinstance(node, ast.BinOp):
+            self._visit(node.left)
+            self._visit(node.right)
+            self._add(node, [node.left, node.right])
+        elif isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+            self._visit(node.operand)
+            self._add(node, [node.operand])
+        elif isinstance(node, ast.Compare) and len(node.ops) == 1:
+            self._visit(node.left)
+            self._visit(node.comparators[0])
+            self._add(node, [node.left, node.comparators[0]])
+        elif isinstance(node, ast.Subscript):
+            self._visit(node.value)
+            self._visit(node.slice)
+            self._add(node, [node.value] + self._flat([node.slice]))
+        elif isinstance(node, ast.Call):
+            method = isinstance(node.func, ast.Attribute) and not self._torch(node.func)
+            if method:
+                self._visit(node.func.value)
+            for arg in node.args + [k.value for k in node.keywords]:
+                self._visit(arg)
+            args = self._flat(node.args + [k.value for k in node.keywords])
+            self._add(node, ([node.func.value] if method else []) + args, receiver=method)
+        elif isinstance(node, ast.Attribute):
+            self._visit(node.value)
+            if node.attr == "data":  # read as an op of its own (the capture records `.data`)
+                self._add(node, [node.value], receiver=True)
+        elif isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            for e in node.elts:
+                self._visit(e)
+        elif isinstance(node, ast.Dict):
+            for e in node.keys + node.values:
+                if e is not None:
+                    self._visit(e)
+        elif isinstance(node, ast.Slice):
+            for e in (node.lower, node.upper, node.step):
+                if e is not None:
+                    self._visit(e)
+
+    def _store(self, target: ast.AST, value: ast.AST) -> None:
+        """A store that runs an op: `x[i] = v` (Tensor.__setitem__), `x.data = v`, `x.requires_grad = b`."""
+        if isinstance(target, ast.Subscript):
+            self._visit(target.value)
+            self._visit(target.slice)
+            self._add(target, [target.value] + self._flat([target.slice]) + self._flat([value]), store=True)
+        elif isinstance(target, ast.Attribute) and target.attr in ("data", "requires_grad"):
+            self._visit(target.value)
+            self._add(target, [target.value, value], store=True)
+
+    def _add(self, node: ast.AST, operands: List[ast.AST], receiver: bool = False, store: bool = False) -> None:
+        if store:
+            self.stores.add(id(node))
+        self.nodes.append(node)
+        self.operands[id(node)] = operands
+        for k, operand in enumerate(operands):
+            # An operation on a tensor runs an op: an operator, an index, a method of it, a torch function;
+            # a store runs one only into a tensor (`x[i] = v`), not into a list or a dict.
+            must = not store and (not isinstance(node, ast.Call) or (receiver and k == 0) or self._torch(node.func))
+            self.consumer.setdefault(id(operand), (node, must))
+
+    @staticmethod
+    def _flat(nodes: List[ast.AST]) -> List[ast.AST]:
+        out = []
+        for node in nodes:
+            if isinstance(node, (ast.List, ast.Tuple)):
+                out.extend(_Reading._flat(node.elts))
+            elif node is not None:
+                out.append(node)
+        return out
+
+    @staticmethod
+    def _torch(func: ast.AST) -> bool:
+        root = dotted(func.value) if isinstance(func, ast.Attribute) else None
+        return root is not None and root.partition(".")[0] in _TORCH_ROOTS
+
+    # -- fitting recorded ops to them ------------------------------------------------------------
+    def may_run(self, node: ast.AST, op: OpRecord) -> bool:
+        """Whether `op` can be what `node` ran."""
+        short = op.name.rpartition(".")[2].strip("_")
+        if id(node) in self.stores:
+            if isinstance(node, ast.Subscript):
+                return short == "setitem"
+            return op.name == (DATA_SWAP if node.attr == "data" else FREEZE_SETTER)
+        if isinstance(node, ast.BinOp):
+            return short in _BINARY.get(type(node.op), ())
+        if isinstance(node, ast.AugAssign):
+            names = _BINARY.get(type(node.op), ())
+            return short in names or short.startswith("i") and short[1:] in names or short.rstrip("_") in names
+        if isinstance(node, ast.UnaryOp):
+            return short in _UNARY.get(type(node.op), ())
+        if isinstance(node, ast.Compare):
+            return short in _COMPARE.get(type(node.ops[0]), ())
+        if isinstance(node, ast.Subscript):
+            return short == "getitem"
+        if isinstance(node, ast.Attribute):
+            return op.name == "Tensor.data"
+        if isinstance(node, ast.Call):
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            return same_op(callee, op.name)
+        return False
+
+    def alignments(self, window: List[OpRecord]) -> Optional[List[Dict[int, ast.AST]]]:
+        """Each way to give the window's ops, in order, to operations of the statement, in order (an
+        operation may have run no op: its operands were no tensors); None when there are too many."""
+        found: List[Dict[int, ast.AST]] = []
+
+        def place(k: int, start: int, matched: Dict[int, ast.AST]) -> bool:
+            if k == len(window):
+                found.append(dict(matched))
+                return len(found) <= _READINGS
+            for n in range(start, len(self.nodes)):
+                if self.may_run(self.nodes[n], window[k]):
+                    matched[window[k].index] = self.nodes[n]
+                    if not place(k + 1, n + 1, matched):
+                        return False
+                    del matched[window[k].index]
+            return True
+
+        return found if place(0, 0, {}) else None
+
+    def consistent(self, window: List[OpRecord], matched: Dict[int, ast.AST]) -> bool:
+        """Whether the ops could have run the statement that way: each result an op of the window made
+        and another took is the operand of that other op's operation; each input from before the
+        window is an operand that could hold a tensor; and each result whose operation must run on
+        a tensor is taken by that operation's op, in the window."""
+        ran = {id(node): index for index, node in matched.items()}
+        made = {}
+        for op in window:
+            node = matched[op.index]
+            operands = self.operands[id(node)]
+            outside = 0
+            for t in op.inputs:
+                producer = made.get(t)
+                if producer is None:
+                    outside += 1
+                elif not any(operand is matched[producer] for operand in operands):
+                    return False
+            if outside > len(self._open(node, ran)):
+                return False
+            for t in op.outputs:
+                made[t] = op.index
+        for op in window:
+            consumer = self.consumer.get(id(matched[op.index]))
+            if op.outputs and consumer is not None and consumer[1] and id(consumer[0]) not in ran:
+                return False
+        return True
+
+    def _open(self, node: ast.AST, ran: Dict[int, int]) -> List[ast.AST]:
+        """The operands of `node` that may hold a tensor made before the window: names, attributes,
+        elements of containers and calls that ran no op of the window."""
+        return [e for e in self.operands[id(node)] if id(e) not in ran
+                and isinstance(e, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))]
+
+    def name_of(self, op: OpRecord, node: ast.AST, tid: int, window: List[OpRecord],
+                matched: Dict[int, ast.AST]) -> Optional[str]:
+        """What `node`, the operation `op` ran, calls tensor `tid`: the statement's target for the result
+        of its whole value; the operand it was for an input from before the window."""
+        if tid in op.outputs:
+            if node is not self.value or self.target is None:
+                return None
+            if isinstance(self.target, ast.Subscript):  # stored into a list or a dict, unless into a tensor
+                return None if any(n is self.target for n in matched.values()) else element(self.target, self.text)
+            return dotted(self.target)
+        made = {t for other in window if other.index < op.index for t in other.outputs}
+        outside = [t for t in op.inputs if t not in made]
+        if tid not in outside:
+            return None
+        ran = {id(n) for n in matched.values()}
+        open_operands = self._open(node, {i: 0 for i in ran})
+        if len(open_operands) != len(outside) or outside.count(tid) != 1:
+            return None
+        at = outside.index(tid)
+        if op.name.rpartition(".")[2].startswith("__r") and len(outside) == 2:
+            at = 1 - at  # `a - t` runs t.__rsub__(a): the tensor is the right operand
+        expression = open_operands[at]
+        return dotted(expression) or (element(expression, self.text)
+                                      if isinstance(expression, ast.Subscript) else None)
