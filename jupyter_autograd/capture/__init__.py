@@ -17,7 +17,7 @@ from . import build, graph, lifecycle
 # Modules, not their functions, where tests and users may replace a function.
 from .lifecycle import _InterruptsHeld
 from .lifecycle import release as _release
-from .lifecycle import take_off_stack as _pop_mode
+from .lifecycle import take_off_stack as _pop_mode  # noqa: F401  (tests check that an interrupt inside it is harmless)
 from .recorder import Recorder, _state, frame_names
 
 __all__ = ["capture", "file_namers"]

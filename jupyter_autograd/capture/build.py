@@ -13,8 +13,6 @@ import tokenize
 import types
 from typing import Dict, Iterable, List, Optional, Tuple
 
-import torch
-
 from ..model import (DATA_SWAP, FREEZE_SETTER, Checkpoint, GraphNode, Location, ModuleCall, OpRecord, SavedSlot,
                      TensorInfo, Trace)
 from ..statements import BINOPS as _BINOPS, Statements as _Statements
