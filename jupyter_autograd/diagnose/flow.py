@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Set
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, starved_fix, where
 from ..model import FREEZE_SETTER, GRAD_MODE_SWITCHES, Checkpoint, Diagnosis, OpRecord, Trace
 from .paths import (FunctionCalls, ancestors, at_caller, at_maker, descendants, engine_order, exit_before, first_use,
-                    is_cut, leading_to, node_at, stops_after, switch_left_on)
+                    is_cut, is_exit, leading_to, node_at, stops_after, switch_left_on)
 
 _NO_GRAD_FN = "does not require grad and does not have a grad_fn"
 _GRAPH_FREED_ERROR = "backward through the graph a second time"
@@ -581,12 +581,14 @@ def _is_integral(trace: Trace, tid: int) -> bool:
     return info is not None and (info.dtype.startswith(("int", "uint")) or info.dtype == "bool")
 
 
-def _forward_use(trace: Trace, tid: int, calls: FunctionCalls) -> Optional[OpRecord]:
-    """The first op that used `tid` in a forward pass: took it as an input with grad on (or inside a
-    custom Function's forward, called with grad on), without writing it (an initialisation, an
-    update)."""
+def _forward_use(trace: Trace, tid: int, calls: FunctionCalls, grad_enabled: bool = True) -> Optional[OpRecord]:
+    """The first op that used `tid` in a forward pass where a graph could have been built: took it as
+    an input with grad on (or inside a custom Function's forward, called with grad on) and made a
+    tensor of it or turned it into Python values, without writing it (an initialisation, an update).
+    A read of its shape builds nothing. With `grad_enabled=False`: the first such op with grad off."""
     for op in trace.ops:
-        if tid in op.inputs and not op.is_backward and tid not in op.writes and calls.grad_enabled(op):
+        if (tid in op.inputs and not op.is_backward and tid not in op.writes and (op.outputs or is_exit(op))
+                and calls.grad_enabled(op) == grad_enabled):
             return op
     return None
 
@@ -604,7 +606,7 @@ def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis
     got = {-1 - k for k, n in trace.nodes.items() if k < 0 and n.consumed_by}
     got |= {t.tid for t in trace.tensors.values() if t.is_leaf and (t.grad is not None or t.stepped_with_grad)}
     trained_owners = {trace.tensors[t].owner for t in got if t in trace.tensors and trace.tensors[t].owner}
-    out, unused, frozen = [], [], []
+    out, unused, frozen, grad_off = [], [], [], []
     checkpoints = _backward_checkpoints(trace)
     calls = FunctionCalls(trace)
     for info in trace.tensors.values():
@@ -619,6 +621,11 @@ def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis
         if not (info.optimized or info.owner in trained_owners):
             continue
         use = _forward_use(trace, info.tid, calls)
+        if use is None and _forward_use(trace, info.tid, calls, grad_enabled=False) is not None:
+            # Where no graph could be built, no cut starves it: it is not trained in this block (a
+            # frozen backbone run under no_grad, with the optimizer over every parameter).
+            grad_off.append(info.name or trace.tensor_label(info.tid))
+            continue
         if use is None or not any(run.index > use.index for run in runs):
             unused.append(info.name or trace.tensor_label(info.tid))
             continue
@@ -646,6 +653,9 @@ def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis
                            "unrouted expert, or not: check): %s." % _listing(unused))
     if frozen:
         trace.notes.append("Frozen on purpose (requires_grad=False), so no gradient: %s." % _listing(frozen))
+    if grad_off:
+        trace.notes.append("Used only with gradient recording off (`torch.no_grad()`, `set_grad_enabled(False)`, "
+                           "inference mode), so not trained in this block: %s." % _listing(grad_off))
     return out
 
 

@@ -100,6 +100,11 @@ def is_cut(trace: Trace, op: OpRecord) -> bool:
     return op.name.rpartition(".")[2] in _EXITS
 
 
+def is_exit(op: OpRecord) -> bool:
+    """The op turned a tensor into Python values (`.item()`, `.numpy()`, `float(t)`, ...)."""
+    return not op.outputs and op.name.rpartition(".")[2] in _EXITS
+
+
 def switch_left_on(trace: Trace, op: OpRecord) -> Optional[OpRecord]:
     """For an op that ran with grad off: the grad-mode switch that turned it off, when that switch is
     not a scope around the op; else None. A scope's enter and exit are recorded at one line (a `with`

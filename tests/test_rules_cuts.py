@@ -1,0 +1,141 @@
+"""graph-cut and missing-grad where the tool disagreed with PyTorch: what decides each is a fact
+of the program, wherever the tensors live and however the cut is spelled.
+
+Every case runs plain first, and an oracle from PyTorch alone says what is true: which parameters
+the optimizer holds and whether their `.grad` is None, which parameters an op used with grad on
+(a TorchFunctionMode watching the plain run), whether the weights after a step change when a term
+of the loss is weighted 0. Under capture() the diagnoses must say exactly that.
+"""
+import inspect
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
+
+import jupyter_autograd as ja
+
+
+def _line_of(function, marker="# CULPRIT"):
+    lines, first = inspect.getsourcelines(function)
+    [at] = [i for i, line in enumerate(lines) if marker in line]
+    return first + at
+
+
+def _problems(trace):
+    return [(d.kind, d.line, d.tensor) for d in trace.diagnoses]
+
+
+class UsedWithGrad(TorchFunctionMode):
+    """Notes every tensor an op took to make a result with a grad_fn: the uses through which a
+    gradient could reach it (not `p.dim()`, not an initialisation, not an op under no_grad)."""
+
+    def __init__(self):
+        super().__init__()
+        self.used = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if isinstance(result, torch.Tensor) and result.grad_fn is not None:
+            for a in list(args) + list((kwargs or {}).values()):
+                for t in (a if isinstance(a, (list, tuple)) else [a]):
+                    if isinstance(t, torch.Tensor):
+                        self.used.add(id(t))
+        return result
+
+
+def _held(opt):
+    return [p for group in opt.param_groups for p in group["params"]]
+
+
+# -- a parameter used only with grad off is not starved: it is not trained in this block ---------
+
+class Backbone(nn.Module):
+    def __init__(self, freeze):
+        super().__init__()
+        self.enc, self.head, self.freeze = nn.Linear(3, 4), nn.Linear(4, 2), freeze
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.freeze(self.enc, x)))
+
+
+def under_no_grad(layer, x):
+    with torch.no_grad():
+        return layer(x)
+
+
+def under_set_grad_enabled(layer, x):
+    with torch.set_grad_enabled(False):
+        z = layer(x)
+    return z
+
+
+def under_inference_mode(layer, x):
+    with torch.inference_mode():
+        z = layer(x)
+    return z.clone()
+
+
+class Frozen:
+    """A helper object that runs the layer it is given without a graph."""
+
+    def __call__(self, layer, x):
+        with torch.no_grad():
+            out = layer(x)
+        return out
+
+
+def in_a_closure():
+    def run(layer, x):
+        def inner():
+            with torch.no_grad():
+                return layer(x)
+        return inner()
+    return run
+
+
+@pytest.mark.parametrize("freeze", [under_no_grad, under_set_grad_enabled, under_inference_mode, Frozen(),
+                                    in_a_closure()])
+def test_a_parameter_used_only_with_grad_off_is_not_starved(freeze):
+    def train():
+        torch.manual_seed(0)
+        model = Backbone(freeze)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)  # every parameter, the frozen backbone's too
+        for _ in range(2):
+            loss = F.mse_loss(model(torch.randn(5, 3)), torch.randn(5, 2))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return model, opt
+
+    watch = UsedWithGrad()
+    with watch:
+        model, opt = train()
+    assert id(model.enc.weight) in {id(p) for p in _held(opt)} and model.enc.weight.grad is None
+    assert id(model.enc.weight) not in watch.used and id(model.head.weight) in watch.used
+    with ja.capture() as trace:
+        train()
+    assert trace.diagnoses == [] and trace.warnings == [], trace.report()
+    [note] = [n for n in trace.notes if "model.enc.weight" in n]
+    assert "gradient recording off" in note and "model.enc.bias" in note
+
+
+def test_a_parameter_used_with_grad_on_and_cut_is_still_starved():
+    def train():
+        torch.manual_seed(0)
+        enc, head = nn.Linear(3, 4), nn.Linear(4, 2)
+        opt = torch.optim.SGD([*enc.parameters(), *head.parameters()], lr=0.1)
+        with torch.no_grad():  # a look at the features, not the forward
+            enc(torch.randn(5, 3))
+        z = enc(torch.randn(5, 3)).detach()  # CULPRIT
+        loss = head(z).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return enc
+
+    assert train().weight.grad is None
+    with ja.capture() as trace:
+        train()
+    assert _problems(trace) == [("missing-grad", _line_of(train), "enc.weight")], trace.report()
