@@ -7,6 +7,7 @@ the optimizer holds and whether their `.grad` is None, which parameters an op us
 of the loss is weighted 0. Under capture() the diagnoses must say exactly that.
 """
 import inspect
+import runpy
 
 import pytest
 import torch
@@ -139,3 +140,79 @@ def test_a_parameter_used_with_grad_on_and_cut_is_still_starved():
     with ja.capture() as trace:
         train()
     assert _problems(trace) == [("missing-grad", _line_of(train), "enc.weight")], trace.report()
+
+
+# -- a leaf whose name is rebound to its moved copy, requires_grad set after it was made ---------
+# The oracle: what the name holds at the end is not a leaf, and its `.grad` is None (PyTorch warns
+# when it is read); the leaf that gets the gradient has no name left.
+
+def inputs_rebound_to_a_cast(probe):
+    torch.manual_seed(0)
+    inputs = torch.randn(3, 5, dtype=torch.float64)
+    targets = torch.tensor([1, 2, 3])
+    inputs.requires_grad = True
+    inputs = inputs.float()  # CULPRIT
+    net = nn.Linear(5, 4)
+    for i in range(2):
+        F.cross_entropy(net(inputs), targets).backward()
+        probe(inputs)
+    return inputs
+
+
+class Batch:
+    def __init__(self):
+        self.x = torch.randn(4, 3)
+        self.x.requires_grad_()
+        self.x = self.x.to(torch.float64)  # CULPRIT
+
+
+def attribute_rebound_to_a_move(probe):
+    torch.manual_seed(0)
+    batch = Batch()
+    w = torch.randn(3, 2, dtype=torch.float64)
+    for _ in range(2):
+        (batch.x @ w).pow(2).mean().backward()
+        probe(batch.x)
+    return batch.x
+
+
+@pytest.mark.parametrize("case, name, where", [(inputs_rebound_to_a_cast, "inputs", inputs_rebound_to_a_cast),
+                                               (attribute_rebound_to_a_move, "self.x", Batch.__init__)])
+def test_a_leaf_given_requires_grad_after_it_was_made_then_moved(case, name, where):
+    seen = []
+    with pytest.warns(UserWarning, match="not a leaf Tensor"):
+        held = case(lambda t: seen.append(t.grad))
+    assert seen == [None, None] and not held.is_leaf
+    with ja.capture() as trace:
+        case(lambda t: None)
+    assert _problems(trace) == [("missing-grad", _line_of(where), name)], trace.report()
+
+
+_TUPLE_MOVE = """\
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+torch.manual_seed(0)
+inputs = torch.randn(3, 5, dtype=torch.float64)
+targets = torch.tensor([1, 2, 3])
+inputs.requires_grad = True
+inputs, targets = inputs.float(), targets.long()
+net = nn.Linear(5, 4)
+F.cross_entropy(net(inputs), targets).backward()
+"""
+
+
+def test_a_tuple_assignment_that_moves_the_leaf_gets_a_fix_that_runs(tmp_path):
+    program = tmp_path / "moved.py"
+    program.write_text(_TUPLE_MOVE)
+    with ja.capture() as trace:
+        done = runpy.run_path(str(program))
+    assert not done["inputs"].is_leaf
+    [d] = trace.diagnoses
+    assert (d.kind, d.line, d.tensor) == ("missing-grad", 9, "inputs"), trace.report()
+    fixed_line = d.fix.splitlines()[-1].strip()
+    assert fixed_line == "inputs, targets = inputs.float().detach().requires_grad_(), targets.long()"
+    program.write_text(_TUPLE_MOVE.replace("inputs, targets = inputs.float(), targets.long()", fixed_line))
+    done = runpy.run_path(str(program))
+    assert done["inputs"].is_leaf and done["inputs"].grad is not None

@@ -421,38 +421,51 @@ def _moved_leaves(trace: Trace) -> List[Diagnosis]:
             continue
         rebound = trace.tensors[first.inputs[0]].name == info.name
         message = (
-            "`%s` is the result of `%s`, not the tensor made with `requires_grad=True`: it is not a leaf, so "
+            "`%s` is the result of `%s`, not the leaf that requires grad: it is not a leaf itself, so "
             "backward() never stores a gradient in `%s.grad` (it stays None, and PyTorch only warns when it is "
             "read). The gradient goes to the original tensor, which %s, and which nothing updates."
             % (info.name, op.name, info.name, "the name `%s` no longer holds" % info.name if rebound else
                "has no name"))
         source = first.location.source if first.location else ""
-        fix = (_rebound_leaf_fix(source) if rebound else None) or _leaf_after_move_fix(source, info.name)
+        fix = (_rebound_leaf_fix(source, info.name) if rebound else None) or _leaf_after_move_fix(source, info.name)
         out.append(_diag("missing-grad", first, message, fix, tensor=info.name, tids=(info.tid, first.inputs[0])))
     return out
 
 
 def _copied_from_lost_leaf(trace: Trace, info):
     """(the copy applied to the leaf, the one that made `info`) when `info` is a copy (moves, `.clone()`,
-    a view that only reshapes) or a chain of copies of a leaf made with requires_grad=True, and the
-    leaf has no name of its own: none at all, or the very name the copy now goes by (`x = x.view(2, 3)`
-    rebinds it). The user holds the copy, and nothing holds the leaf, which gets the gradient. Else None."""
+    a view that only reshapes) or a chain of copies of a leaf that required grad when it was copied
+    (made with requires_grad=True, or set so later: the copy requires grad then), and the leaf has no
+    name of its own: none at all, or the very name the copy now goes by (`x = x.view(2, 3)` rebinds
+    it). The user holds the copy, and nothing holds the leaf, which gets the gradient. Else None."""
     op = last = trace.ops[info.created_by]
     while op.name.rpartition(".")[2] in _COPIES and op.inputs:
         source = trace.tensors.get(op.inputs[0])
         if source is None or (source.name and source.name != info.name):
             return None
         if source.is_leaf:
-            return (op, last) if source.first_requires_grad else None
+            return (op, last) if source.first_requires_grad or _copied_from_the_leaf_itself(trace, op, source.tid) \
+                else None
         if source.created_by is None:
             return None
         op = trace.ops[source.created_by]
     return None
 
 
-def _rebound_leaf_fix(src: str) -> Optional[str]:
+def _copied_from_the_leaf_itself(trace: Trace, op, leaf: int) -> bool:
+    """The copy's node leads straight to the leaf's AccumulateGrad: the leaf required grad when it was
+    copied, though it was made without (`x.requires_grad = True` later). A tensor made a leaf and then
+    written in place with a value that requires grad is no longer a leaf: its copy leads to the write."""
+    node = trace.nodes.get(op.node) if op.node is not None else None
+    return node is not None and any(
+        k in trace.nodes and trace.nodes[k].name == "AccumulateGrad" and trace.nodes[k].variable == leaf
+        for k in node.inputs)
+
+
+def _rebound_leaf_fix(src: str, name: str) -> Optional[str]:
     """`w = w.type(torch.float)` -> `w = w.type(torch.float).detach().requires_grad_()`: the name then
-    holds a leaf of its own, which backward gives the gradient."""
+    holds a leaf of its own, which backward gives the gradient. In a tuple assignment
+    (`inputs, targets = inputs.float(), targets.long()`), only the value the name gets."""
     try:
         tree = ast.parse(src)
     except SyntaxError:
@@ -460,10 +473,23 @@ def _rebound_leaf_fix(src: str) -> Optional[str]:
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign) or len(tree.body[0].targets) != 1:
         return None
     stmt = tree.body[0]
-    detached = ast.Call(func=ast.Attribute(value=stmt.value, attr="detach", ctx=ast.Load()), args=[], keywords=[])
-    stmt.value = ast.Call(func=ast.Attribute(value=detached, attr="requires_grad_", ctx=ast.Load()), args=[],
-                          keywords=[])
-    return "Make the copy the leaf. %s\n%s" % (REPLACE, code(ast.unparse(stmt)))
+    target = stmt.targets[0]
+
+    def as_leaf(value):
+        detached = ast.Call(func=ast.Attribute(value=value, attr="detach", ctx=ast.Load()), args=[], keywords=[])
+        return ast.Call(func=ast.Attribute(value=detached, attr="requires_grad_", ctx=ast.Load()), args=[],
+                        keywords=[])
+
+    if isinstance(target, (ast.Tuple, ast.List)):
+        values = stmt.value.elts if isinstance(stmt.value, (ast.Tuple, ast.List)) else None
+        at = [i for i, element in enumerate(target.elts) if ast.unparse(element) == name]
+        if values is None or len(values) != len(target.elts) or len(at) != 1:
+            return None
+        values[at[0]] = as_leaf(values[at[0]])
+        fixed = "%s = %s" % (", ".join(map(ast.unparse, target.elts)), ", ".join(map(ast.unparse, values)))
+    else:
+        fixed = "%s = %s" % (ast.unparse(target), ast.unparse(as_leaf(stmt.value)))
+    return "Make the copy the leaf. %s\n%s" % (REPLACE, code(fixed))
 
 
 def _leaf_after_move_fix(src: str, name: str) -> str:
