@@ -216,3 +216,86 @@ def test_a_tuple_assignment_that_moves_the_leaf_gets_a_fix_that_runs(tmp_path):
     program.write_text(_TUPLE_MOVE.replace("inputs, targets = inputs.float(), targets.long()", fixed_line))
     done = runpy.run_path(str(program))
     assert done["inputs"].is_leaf and done["inputs"].grad is not None
+
+
+# -- a loss whose backward reaches only a new leaf rebuilt from what the model computed ----------
+# The oracle: backward raises nothing, and not one parameter the optimizer holds gets a gradient
+# (the backward trains nothing). A leaf made from data alone, whose gradient is what the user
+# wants (an input saliency, an attack on a frozen model), is no problem.
+
+def loss_rebuilt_from_item(model, x, y):
+    loss = F.mse_loss(model(x), y)
+    loss = torch.tensor(loss.item(), requires_grad=True)  # CULPRIT
+    return loss
+
+
+def _binarised(pred):
+    return torch.tensor((pred > 0.5).type(pred.dtype), requires_grad=True)  # CULPRIT
+
+
+def loss_from_a_rewrapped_prediction(model, x, y):
+    return F.mse_loss(_binarised(torch.sigmoid(model(x))), y)
+
+
+class StageLosses:
+    def __init__(self):
+        self.parts = {}
+
+    def total(self):
+        return torch.tensor([v.item() for v in self.parts.values()], requires_grad=True).sum()  # CULPRIT
+
+
+def loss_summed_from_stage_numbers(model, x, y):
+    stages = StageLosses()
+    out = model(x)
+    stages.parts["fit"] = F.mse_loss(out, y)
+    stages.parts["size"] = out.abs().mean()
+    return stages.total()
+
+
+def _train(make_loss):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        make_loss(model, torch.randn(5, 3), torch.rand(5, 2)).backward()
+        opt.step()
+    return opt
+
+
+@pytest.mark.parametrize("make_loss, where", [(loss_rebuilt_from_item, loss_rebuilt_from_item),
+                                              (loss_from_a_rewrapped_prediction, _binarised)])
+def test_a_backward_that_reaches_only_a_rebuilt_leaf_is_one_graph_cut(make_loss, where):
+    opt = _train(make_loss)
+    assert all(p.grad is None for p in _held(opt))
+    with ja.capture() as trace:
+        _train(make_loss)
+    assert [(kind, line) for kind, line, _ in _problems(trace)] == [("graph-cut", _line_of(where))], trace.report()
+
+
+def saliency_of_a_copied_batch(model, x, y):
+    x = x.clone().requires_grad_()
+    model(x).sum().backward()
+    return x.grad
+
+
+def attack_on_a_frozen_model(model, x, y):
+    model.requires_grad_(False)
+    x_adv = x.clone().requires_grad_()
+    for _ in range(2):
+        grad, = torch.autograd.grad(F.mse_loss(model(x_adv), y), x_adv)
+        x_adv = (x_adv + 0.1 * grad.sign()).detach().requires_grad_()
+        F.mse_loss(model(x_adv), y).backward()
+    return x_adv.grad
+
+
+@pytest.mark.parametrize("case", [saliency_of_a_copied_batch, attack_on_a_frozen_model])
+def test_a_leaf_made_from_data_alone_is_what_backward_is_for(case):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    x, y = torch.randn(5, 3), torch.rand(5, 2)
+    assert case(model, x, y) is not None
+    with ja.capture() as trace:
+        case(model, x, y)
+    assert _problems(trace) == [], trace.report()

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Set
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, starved_fix, where
 from ..model import FREEZE_SETTER, GRAD_MODE_SWITCHES, Checkpoint, Diagnosis, OpRecord, Trace
 from .paths import (FunctionCalls, ancestors, at_caller, at_maker, descendants, engine_order, exit_before, first_use,
-                    is_cut, is_exit, leading_to, node_at, stops_after, switch_left_on)
+                    is_cut, is_exit, leading_to, node_at, reachable, stops_after, switch_left_on)
 
 _NO_GRAD_FN = "does not require grad and does not have a grad_fn"
 _GRAPH_FREED_ERROR = "backward through the graph a second time"
@@ -222,12 +222,16 @@ def graph_cut(trace: Trace) -> List[Diagnosis]:
     or from a leaf that was computed in the block (`loss.requires_grad = True` hid the error)."""
     out = []
     for cp in _backward_checkpoints(trace):
-        if cp.roots:
-            continue
         backward = trace.ops[cp.op_index]
         root = backward.inputs[0] if backward.inputs else None
         info = trace.tensors.get(root) if root is not None else None
-        if info is None:
+        rebuilt = _rebuilt_leaves(trace, cp, root)
+        if rebuilt and info is not None:
+            diag = _rebuilt_loss(trace, root, rebuilt)
+            if not any((d.filename, d.line) == (diag.filename, diag.line) for d in out):
+                out.append(diag)
+            continue
+        if cp.roots or info is None:
             continue
         made_here = info.created_by is not None
         raised = backward.error is not None and _NO_GRAD_FN in backward.error
@@ -266,6 +270,64 @@ def graph_cut(trace: Trace) -> List[Diagnosis]:
             continue  # the same cut, met again by the next iteration of a loop
         out.append(diag)
     return out
+
+
+def _rebuilt_leaves(trace: Trace, cp: Checkpoint, root: Optional[int]) -> List[int]:
+    """The leaves a backward call reaches when every one of them is a new leaf made in the block, with
+    requires_grad=True, from what the parameters computed (`torch.tensor(loss.item(), requires_grad=True)`, a prediction
+    rewrapped by `torch.tensor(..., requires_grad=True)`): the chain to the parameters was cut and
+    the flag set on the copy hid it, so the backward trains nothing. Else []. A leaf made from data
+    alone (an input whose gradient is wanted) is no such leaf; nor is one autograd.grad asks for."""
+    backward = trace.ops[cp.op_index]
+    if backward.error is not None or cp.inputs or root is None:
+        return []
+    if cp.roots:
+        reached = [trace.nodes[k].variable for k in reachable(trace, cp.roots)]
+        leaves = [t for t in reached if t is not None]
+    else:
+        leaves = [root]
+    rebuilt = []
+    for tid in dict.fromkeys(leaves):
+        info = trace.tensors.get(tid)
+        if info is None or not info.is_leaf or info.created_by is None or not info.first_requires_grad \
+                or _trained(info):
+            return []  # a flag set by hand later is found with the cut it hides (graph_cut below)
+        made = trace.ops[info.created_by]
+        sources = ancestors(trace, made.inputs or [tid], made.index + 1) - {tid}
+        if not any(t in trace.tensors and _trained(trace.tensors[t]) and trace.tensors[t].first_requires_grad
+                   for t in sources):
+            return []
+        rebuilt.append(tid)
+    return rebuilt
+
+
+def _trained(info) -> bool:
+    return info.is_parameter or info.optimized or info.owner is not None
+
+
+def _rebuilt_loss(trace: Trace, root: int, rebuilt: List[int]) -> Diagnosis:
+    made = trace.ops[trace.tensors[rebuilt[0]].created_by]
+    name = _name(trace, root) or trace.tensor_label(root)
+    leaf = "`%s`" % _name(trace, rebuilt[0]) if _name(trace, rebuilt[0]) and rebuilt[0] != root else "a new leaf"
+    message = (
+        "%s made %s from values the parameters computed, and set `requires_grad` on it: a tensor made that way "
+        "has no history, so backward() from `%s` stops there. PyTorch raises nothing, but no parameter gets a "
+        "gradient, and training does nothing." % (where(made), leaf, name))
+    rewritten = _without_exit(made.location.source) if made.location else None
+    assigned = ast.parse(rewritten).body[0] if rewritten else None
+    if assigned is not None and ast.unparse(assigned.targets[0]) == ast.unparse(assigned.value):
+        fix = ("Delete the culprit line: `%s` already holds the tensor whose value it copies, with the history "
+               "that backward needs." % ast.unparse(assigned.value))
+    elif rewritten:
+        fix = "Keep the loss a tensor, with no round trip through Python numbers. %s\n%s" % (REPLACE, code(rewritten))
+    else:
+        fix = ("%s compute the loss with torch operations from the model's output itself, and do not rewrap it "
+               "with `torch.tensor(..., requires_grad=True)`, which copies the values and drops their history (a "
+               "threshold or an argmax has no gradient: use a soft version, such as a sigmoid, to train through it)."
+               % NO_ONE_LINE_FIX)
+    diag = _diag("graph-cut", made, message, fix, tensor=name, tids=(root, *rebuilt))
+    diag.predicted = True
+    return diag
 
 
 def _find_cut(trace: Trace, root: int, before: int):
