@@ -265,7 +265,8 @@ def _train(make_loss):
 
 
 @pytest.mark.parametrize("make_loss, where", [(loss_rebuilt_from_item, loss_rebuilt_from_item),
-                                              (loss_from_a_rewrapped_prediction, _binarised)])
+                                              (loss_from_a_rewrapped_prediction, _binarised),
+                                              (loss_summed_from_stage_numbers, StageLosses.total)])
 def test_a_backward_that_reaches_only_a_rebuilt_leaf_is_one_graph_cut(make_loss, where):
     opt = _train(make_loss)
     assert all(p.grad is None for p in _held(opt))
@@ -299,3 +300,57 @@ def test_a_leaf_made_from_data_alone_is_what_backward_is_for(case):
     with ja.capture() as trace:
         case(model, x, y)
     assert _problems(trace) == [], trace.report()
+
+
+# -- a round trip through NumPy or Python numbers inside a helper: the link follows the value ----
+# torch.from_numpy is not recorded: the tensor it makes is first seen where it is used, in the
+# caller. The oracle: the parameter before the round trip ends with `.grad is None`.
+
+def numpy_round_trip(t):
+    return torch.from_numpy(t.detach().cpu().numpy())  # CULPRIT
+
+
+class Featurizer:
+    def encode(self, layer, inp):
+        values = layer(inp).detach().numpy()  # CULPRIT
+        return torch.as_tensor(values)
+
+
+class RoundTripNet(nn.Module):
+    def __init__(self, home):
+        super().__init__()
+        self.enc, self.head, self.home, self.featurizer = nn.Linear(3, 4), nn.Linear(4, 2), home, Featurizer()
+
+    def forward(self, x):
+        def encode():
+            cut = torch.from_numpy(self.enc(x).detach().cpu().numpy())  # CULPRIT
+            return cut
+        if self.home == "function":
+            z = numpy_round_trip(self.enc(x))
+        elif self.home == "method":
+            z = self.featurizer.encode(self.enc, x)
+        else:
+            z = encode()
+        print_every = z.shape[0]  # noqa: F841 (a read of the shape between the round trip and the use)
+        return self.head(torch.tanh(z))
+
+
+def _round_trip_training(home):
+    torch.manual_seed(0)
+    model = RoundTripNet(home)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        F.mse_loss(model(torch.randn(5, 3)), torch.rand(5, 2)).backward()
+        opt.step()
+    return model
+
+
+@pytest.mark.parametrize("home, where", [("function", numpy_round_trip), ("method", Featurizer.encode),
+                                         ("closure", RoundTripNet.forward)])
+def test_a_round_trip_inside_a_helper_starves_what_came_before(home, where):
+    model = _round_trip_training(home)
+    assert model.enc.weight.grad is None and model.head.weight.grad is not None
+    with ja.capture() as trace:
+        _round_trip_training(home)
+    assert _problems(trace) == [("missing-grad", _line_of(where), "model.enc.weight")], trace.report()

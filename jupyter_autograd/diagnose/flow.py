@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Set
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, starved_fix, where
 from ..model import FREEZE_SETTER, GRAD_MODE_SWITCHES, Checkpoint, Diagnosis, OpRecord, Trace
 from .paths import (FunctionCalls, ancestors, at_caller, at_maker, descendants, engine_order, exit_before, first_use,
-                    is_cut, is_exit, leading_to, node_at, reachable, stops_after, switch_left_on)
+                    is_cut, is_exit, leading_to, made_from_values, node_at, reachable, stops_after, switch_left_on)
 
 _NO_GRAD_FN = "does not require grad and does not have a grad_fn"
 _GRAPH_FREED_ERROR = "backward through the graph a second time"
@@ -336,7 +336,7 @@ def _find_cut(trace: Trace, root: int, before: int):
     cuts = [op for op in trace.ops[:before] if any(t in found for t in op.outputs + op.writes) and is_cut(trace, op)]
     for op in trace.ops[:before]:  # a Python value in the chain: the op that made it is the cut
         if any(t in found for t in op.inputs + op.outputs) and not op.is_backward:
-            exit_op = exit_before(trace, op)
+            exit_op = exit_before(trace, op, made_from_values(trace, op))
             if exit_op is not None and is_cut(trace, exit_op) and any(t in found for t in exit_op.inputs):
                 cuts.append(exit_op)
     # Frozen: without grad when the block ends if still alive (a model built in the block and frozen
@@ -633,7 +633,7 @@ def _path_cut(trace: Trace, tid: int, cp: Checkpoint, calls: FunctionCalls, star
         # number taken out on the line where the last one was.
         exits = [(op, cut) for op, cut in stops if not op.outputs]
         rebuilt = {(e.location.filename, e.location.function, e.location.line)
-                   for e in (exit_before(trace, f) for f in trace.ops[:cp.op_index]
+                   for e in (exit_before(trace, f, made_from_values(trace, f)) for f in trace.ops[:cp.op_index]
                              if not f.inputs and any(t in roots for t in f.outputs)) if e is not None}
         on_path = [(op, cut) for op, cut in exits if op.location is not None and
                    (op.location.filename, op.location.function, op.location.line) in rebuilt]

@@ -11,6 +11,8 @@ from ..model import GRAD_MODE_SWITCHES, Checkpoint, ModuleCall, OpRecord, Trace
 
 # Ops that turn a tensor into Python values: the chain to the graph ends there.
 _EXITS = {"item", "tolist", "numpy", "__float__", "__int__", "__index__", "__complex__", "__array__"}
+# Recorded factories that make a tensor from the values they are given.
+_FROM_VALUES = {"torch.tensor", "torch.as_tensor", "torch.asarray"}
 
 
 def engine_order(trace: Trace, cp: Checkpoint) -> List[int]:
@@ -145,8 +147,7 @@ def switch_left_on(trace: Trace, op: OpRecord) -> Optional[OpRecord]:
 def ancestors(trace: Trace, tids: Iterable[int], before: int) -> Set[int]:
     """Every tensor the given ones were computed from, through recorded ops before `before`. A
     tensor made from Python values (torch.tensor(x), or from_numpy, which is not recorded) is
-    linked to the tensor turned into Python values (`.item()`, `.numpy()`) just before, in the
-    same function."""
+    linked to the tensor those values were taken out of (see exit_before)."""
     found = set(tids)
     bridged: Set[int] = set()
     ops = [op for op in trace.ops[:before] if not op.is_backward]
@@ -158,38 +159,75 @@ def ancestors(trace: Trace, tids: Iterable[int], before: int) -> Set[int]:
             if op.inputs:
                 found.update(op.inputs)
             else:
-                _bridge(trace, op, found)
+                _bridge(trace, op, made_from_values(trace, op), found)
         for t in list(found):  # first seen as an input, made from Python values we did not see
             info = trace.tensors.get(t)
             if t not in bridged and info is not None and info.created_by is None and not info.first_requires_grad:
                 bridged.add(t)
                 use = next((op for op in ops if t in op.inputs), None)
                 if use is not None:
-                    _bridge(trace, use, found)
+                    _bridge(trace, use, t, found)
         if len(found) == size:
             return found
 
 
-def _bridge(trace: Trace, op: OpRecord, found: Set[int]) -> None:
-    exit_op = exit_before(trace, op)
+def _bridge(trace: Trace, op: OpRecord, made: Optional[int], found: Set[int]) -> None:
+    exit_op = exit_before(trace, op, made)
     if exit_op is not None:
         found.update(exit_op.inputs)
 
 
-def exit_before(trace: Trace, op: OpRecord, lines: int = 3) -> Optional[OpRecord]:
-    """The op that last turned a tensor into Python values shortly before `op` (which made or
-    first used a tensor built from Python values): in the same function, at most `lines` lines
-    above it."""
+def made_from_values(trace: Trace, op: OpRecord) -> Optional[int]:
+    """The tensor that `op` made from given values (`torch.tensor(v)`, not `torch.zeros(n)`, which is made
+    from sizes), or first used when its maker was not recorded (torch.from_numpy, torch.Tensor(list)),
+    if any."""
+    if not op.inputs:
+        return op.outputs[0] if op.outputs and op.name in _FROM_VALUES else None
+    for t in op.inputs:
+        info = trace.tensors.get(t)
+        if info is not None and info.created_by is None and not info.first_requires_grad \
+                and next((o for o in trace.ops if t in o.inputs), None) is op:
+            return t
+    return None
+
+
+def exit_before(trace: Trace, op: OpRecord, made: Optional[int] = None, lines: int = 3) -> Optional[OpRecord]:
+    """The op that turned a tensor into the Python values that tensor `made` was built from, `op`
+    being the one that made it or first used it: the latest exit since the last backward call that
+    took out values of the very shape `made` has (a round trip keeps it: `.numpy()` then
+    `torch.from_numpy`, `.tolist()` then `torch.tensor`, `.item()` for one value), wherever it ran
+    (a helper that returns the array); or, for values gathered from several exits
+    (`torch.tensor([a.item(), b.item()])`), one at that line (a comprehension on it included) or in
+    op's function at most `lines` above it."""
     loc = op.location
-    if loc is None:
-        return None
+    info = trace.tensors.get(made) if made is not None else None
     for other in reversed(trace.ops[:op.index]):
-        if other.outputs or other.name.rpartition(".")[2] not in _EXITS or other.location is None:
+        if other.is_backward:
+            return None  # values of an earlier step's forward are not this one's
+        if other.outputs or other.name.rpartition(".")[2] not in _EXITS or not other.inputs:
             continue
+        taken = trace.tensors.get(other.inputs[0])
+        if info is not None and taken is not None and _same_values_shape(taken.shape, info.shape):
+            return other
         there = other.location
-        if there.filename == loc.filename and there.function == loc.function and 0 <= loc.line - there.line <= lines:
+        if loc is None or there is None or there.filename != loc.filename:
+            continue
+        if there.line == loc.line or (there.function == loc.function and 0 <= loc.line - there.line <= lines):
             return other
     return None
+
+
+def _same_values_shape(taken: Tuple[int, ...], made: Tuple[int, ...]) -> bool:
+    """Values taken out of a tensor of shape `taken` can make one of shape `made`: the same shape, or
+    one value made into a tensor of one element."""
+    return tuple(taken) == tuple(made) or (_numel(taken) == 1 and _numel(made) == 1)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
 
 
 def descendants(trace: Trace, tid: int, after: int = -1) -> Tuple[Set[int], List[OpRecord]]:
