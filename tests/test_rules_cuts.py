@@ -6,6 +6,7 @@ the optimizer holds and whether their `.grad` is None, which parameters an op us
 (a TorchFunctionMode watching the plain run), whether the weights after a step change when a term
 of the loss is weighted 0. Under capture() the diagnoses must say exactly that.
 """
+import functools
 import inspect
 import runpy
 
@@ -354,3 +355,45 @@ def test_a_round_trip_inside_a_helper_starves_what_came_before(home, where):
     with ja.capture() as trace:
         _round_trip_training(home)
     assert _problems(trace) == [("missing-grad", _line_of(where), "model.enc.weight")], trace.report()
+
+
+# -- a module called inside a grad-off `with` in its caller: the cut is the call in that block ----
+# The oracle: backward raises "does not require grad". The line named is the one of the `with`
+# block that ran under grad off (the call of the module), as for an op written in the block.
+
+class TwoLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2 = nn.Parameter(torch.randn(8, 4)), nn.Parameter(torch.randn(3, 8))
+
+    def forward(self, x):
+        return F.linear(F.relu(F.linear(x, self.w1)), self.w2)
+
+
+class QueryLoss(nn.Module):
+    def __init__(self, switch):
+        super().__init__()
+        self.net, self.switch = TwoLayer(), switch
+
+    def forward(self, x, y):
+        with self.switch():
+            logits = self.net(x)  # CULPRIT
+            loss = F.cross_entropy(logits, y)
+        return loss
+
+
+@pytest.mark.parametrize("switch", [torch.no_grad, functools.partial(torch.set_grad_enabled, False),
+                                    torch.inference_mode])
+def test_a_module_called_inside_a_grad_off_block_is_cut_at_its_call(switch):
+    def train():
+        torch.manual_seed(0)
+        model = QueryLoss(switch)
+        model(torch.randn(6, 4), torch.randint(0, 3, (6,))).backward()
+
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        train()
+    with ja.capture() as trace:
+        with pytest.raises(RuntimeError, match="does not require grad"):
+            train()
+    assert [(kind, line) for kind, line, _ in _problems(trace)] == [("graph-cut", _line_of(QueryLoss.forward))], \
+        trace.report()

@@ -14,7 +14,8 @@ from typing import Dict, List, Optional, Set
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, starved_fix, where
 from ..model import FREEZE_SETTER, GRAD_MODE_SWITCHES, Checkpoint, Diagnosis, OpRecord, Trace
 from .paths import (FunctionCalls, ancestors, at_caller, at_maker, descendants, engine_order, exit_before, first_use,
-                    is_cut, is_exit, leading_to, made_from_values, node_at, reachable, stops_after, switch_left_on)
+                    is_cut, is_exit, leading_to, made_from_values, node_at, reachable, scope_call, stops_after,
+                    switch_left_on)
 
 _NO_GRAD_FN = "does not require grad and does not have a grad_fn"
 _GRAPH_FREED_ERROR = "backward through the graph a second time"
@@ -245,7 +246,11 @@ def graph_cut(trace: Trace) -> List[Diagnosis]:
         name = info.name or trace.tensor_label(root)
         hidden = not raised
         switch = switch_left_on(trace, cut) if cut is not None and "frozen" not in why else None
-        if switch is not None:  # the cut is where grad was switched off, not where that was met
+        in_block = scope_call(trace, cut) if cut is not None and switch is None and "frozen" not in why else None
+        if in_block is not None:  # the line of the grad-off block that called the module which ran it
+            cut = in_block
+            what = "%s cut `%s` off the graph: %s" % (where(cut), name, why)
+        elif switch is not None:  # the cut is where grad was switched off, not where that was met
             why = _why_switched_off(switch, cut)
             cut = switch
             what = "%s cut `%s` off the graph: %s" % (where(cut), name, why)

@@ -112,11 +112,39 @@ def switch_left_on(trace: Trace, op: OpRecord) -> Optional[OpRecord]:
     not a scope around the op; else None. A scope's enter and exit are recorded at one line (a `with`
     statement; the call of a function decorated with `@torch.no_grad()`, entered and left in
     torch's wrapper), the exit putting back the mode the enter found. The op ran inside it when that
-    line switched back after the op, and the op is in the same function as the `with`, or the scope
-    is a decorated call that had not returned. Anything else left the mode off behind it:
+    line switched back after the op, and the op is in the same function as the `with`, or in a
+    user-written module called from inside the `with` block (see scope_call), or the scope is a
+    decorated call that had not returned. Anything else left the mode off behind it:
     `torch.set_grad_enabled(False)` never switched back (or switched back on another path),
     `no_grad().__enter__()`, a generator suspended at a `yield` inside `with torch.no_grad():`, a
-    `with` block around the call of the function that made the op."""
+    `with` block around the call of a plain function that made the op (nothing recorded tells it
+    from the generator)."""
+    found = _open_switch(trace, op)
+    if found is None:
+        return None
+    switch, closed = found
+    where, at = switch.location, op.location
+    if closed and (not where.source.startswith(("with ", "async with "))
+                   or (where.filename, where.function, where.scope) == (at.filename, at.function, at.scope)
+                   or _call_from_block(trace, op, switch) is not None):
+        return None
+    return switch
+
+
+def scope_call(trace: Trace, op: OpRecord) -> Optional[OpRecord]:
+    """For an op that ran with grad off inside a user-written module called from an open grad-off
+    `with` block of another function (`with torch.no_grad(): logits = self.net(x)`): the op placed at
+    that call, the line of the block that ran under grad off. Else None."""
+    found = _open_switch(trace, op)
+    if found is None or not found[1] or not found[0].location.source.startswith(("with ", "async with ")):
+        return None
+    call = _call_from_block(trace, op, found[0])
+    return _placed(op, call) if call is not None else None
+
+
+def _open_switch(trace: Trace, op: OpRecord) -> Optional[Tuple[OpRecord, bool]]:
+    """(the innermost grad-off switch still open when `op` ran, whether the same line put the mode back
+    after it), or None (off since before the block, or in a way we did not see)."""
     if op.grad_enabled or op.location is None:
         return None
     open_switches: List[Tuple[OpRecord, bool]] = []  # (switch, the mode it found), innermost last
@@ -131,17 +159,25 @@ def switch_left_on(trace: Trace, op: OpRecord) -> Optional[OpRecord]:
             open_switches.append((other, mode))
         mode = other.grad_enabled
     if not open_switches or open_switches[-1][0].grad_enabled:
-        return None  # off since before the block, or in a way we did not see
+        return None
     switch, found = open_switches[-1]
-    where, at = switch.location, op.location
-    if where is None:
+    if switch.location is None:
         return None
-    closed = any(o.name in GRAD_MODE_SWITCHES and o.location == where and o.grad_enabled == found
+    closed = any(o.name in GRAD_MODE_SWITCHES and o.location == switch.location and o.grad_enabled == found
                  for o in trace.ops[op.index + 1:])
-    if closed and (not where.source.startswith(("with ", "async with "))
-                   or (where.filename, where.function, where.scope) == (at.filename, at.function, at.scope)):
-        return None
-    return switch
+    return switch, closed
+
+
+def _call_from_block(trace: Trace, op: OpRecord, switch: OpRecord) -> Optional[ModuleCall]:
+    """The outermost call of a user-written module that ran `op`, made from the function of the `with`
+    statement `switch`, below it and after it was entered."""
+    where = switch.location
+    for call in trace.calls:  # an enclosing call before those inside it
+        at = call.location
+        if call.first_op <= op.index < call.end_op and switch.index < call.first_op and at.line > where.line \
+                and (at.filename, at.function, at.scope) == (where.filename, where.function, where.scope):
+            return call
+    return None
 
 
 def ancestors(trace: Trace, tids: Iterable[int], before: int) -> Set[int]:
