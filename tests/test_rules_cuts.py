@@ -397,3 +397,55 @@ def test_a_module_called_inside_a_grad_off_block_is_cut_at_its_call(switch):
             train()
     assert [(kind, line) for kind, line, _ in _problems(trace)] == [("graph-cut", _line_of(QueryLoss.forward))], \
         trace.report()
+
+
+# -- a parameter replaced by a new nn.Parameter after the optimizer was built ----------------------
+# The oracle: the optimizer still holds the old parameter, which the module no longer holds, and
+# whose `.grad` is None at the end; the module's parameter now is one the optimizer does not hold.
+
+class Masked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mask = nn.Parameter(torch.ones(4, 3))
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.lin(x * self.mask.sum(0))
+
+    def prune(self):
+        with torch.no_grad():
+            kept = (self.mask.abs() >= self.mask.abs().median()).float()
+        self.mask = nn.Parameter(kept)  # CULPRIT
+
+
+def replaced_by_a_method(model):
+    model.prune()
+
+
+def replaced_from_outside(model):
+    model.mask = nn.Parameter(model.mask.detach() * 0.5)  # CULPRIT
+
+
+@pytest.mark.parametrize("replace", [replaced_by_a_method, replaced_from_outside])
+def test_a_parameter_replaced_after_the_optimizer_was_built(replace):
+    def train():
+        torch.manual_seed(0)
+        model = Masked()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(4):
+            opt.zero_grad()
+            F.mse_loss(model(torch.randn(4, 3)), torch.rand(4, 2)).backward()
+            opt.step()
+            if step == 1:
+                replace(model)
+        return model, opt
+
+    model, opt = train()
+    [old] = [p for p in _held(opt) if p.shape == (4, 3)]
+    assert old is not model.mask and old.grad is None and model.mask.grad is not None
+    assert all(p is not model.mask for p in _held(opt))
+    with ja.capture() as trace:
+        train()
+    where = Masked.prune if replace is replaced_by_a_method else replace
+    assert [(kind, line) for kind, line, _ in _problems(trace)] == [("missing-grad", _line_of(where))], \
+        trace.report()

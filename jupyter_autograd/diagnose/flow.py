@@ -12,7 +12,7 @@ import re
 from typing import Dict, List, Optional, Set
 
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, starved_fix, where
-from ..model import FREEZE_SETTER, GRAD_MODE_SWITCHES, Checkpoint, Diagnosis, OpRecord, Trace
+from ..model import FREEZE_SETTER, GRAD_MODE_SWITCHES, Checkpoint, Diagnosis, Location, OpRecord, Trace
 from .paths import (FunctionCalls, ancestors, at_caller, at_maker, descendants, engine_order, exit_before, first_use,
                     is_cut, is_exit, leading_to, made_from_values, node_at, reachable, scope_call, stops_after,
                     switch_left_on)
@@ -455,9 +455,71 @@ def _without_exit(src: str) -> Optional[str]:
 # -- missing-grad ---------------------------------------------------------------------------------
 
 def missing_grad(trace: Trace) -> List[Diagnosis]:
-    out = _moved_leaves(trace) + _unused_inputs(trace)
+    out = _moved_leaves(trace) + _unused_inputs(trace) + _replaced_parameters(trace)
     out += _cut_parameters(trace, {d.tensor for d in out})
     return out
+
+
+def _replaced_parameters(trace: Trace) -> List[Diagnosis]:
+    """A parameter an optimizer holds that its module no longer holds at the end, because another
+    parameter, which the optimizer does not hold, took its place in the forward (the same operand of
+    the same op: `self.mask = nn.Parameter(new)` after the optimizer was built): from then on the old
+    one gets no gradient and the new one, which gets them, is never updated. Named at the assignment
+    that replaced it, found in the source as the one that ran between the last use of the old
+    parameter and the first of the new; else at that first use."""
+    out = []
+    runs = _ran_backward(trace)
+    params = [info for info in trace.tensors.values() if info.is_leaf and info.is_parameter]
+    for old in params:
+        if not old.optimized or old.owner is not None:
+            continue
+        uses = [op for op in trace.ops if old.tid in op.inputs and op.module and op.grad_enabled and not op.is_backward]
+        if not uses:
+            continue
+        last = uses[-1]
+        place = (last.location, last.inputs.index(old.tid))
+        new = next(((info, op) for info in params if not info.optimized and info.requires_grad
+                    for op in trace.ops[last.index + 1:] if info.tid in op.inputs and op.module and op.grad_enabled
+                    and (op.location, op.inputs.index(info.tid)) == place), None)
+        if new is None or not any(run.index > new[1].index for run in runs):
+            continue
+        replacement, first = new
+        name = replacement.name or old.name or trace.tensor_label(old.tid)
+        at = _assignment_between(trace, name.rpartition(".")[2], last.index, first.index) or first.location
+        message = (
+            "`%s` was replaced by a new parameter at line %d, after the optimizer was built: the optimizer still "
+            "holds the old one, which the forward no longer uses, so it gets no gradient from then on, and the new "
+            "one, which gets the gradients, is in no optimizer and is never updated." % (name, at.line))
+        fix = ("%s keep the parameter and change its values in place (`with torch.no_grad(): %s.copy_(new_values)`), "
+               "or give the new parameter to the optimizer (`optimizer.add_param_group`, or build the optimizer again "
+               "after replacing it)." % (NO_ONE_LINE_FIX, name))
+        out.append(Diagnosis(kind="missing-grad", message=message, fix=fix, filename=at.filename, line=at.line,
+                             source=at.source, tensor=name, op_index=first.index,
+                             tids=(old.tid, replacement.tid)))
+    return out
+
+
+def _assignment_between(trace: Trace, attr: str, after: int, before: int) -> Optional[Location]:
+    """The last statement assigning an attribute `attr` (`self.mask = ...`, `model.mask = ...`) in a
+    function that ran ops between op indices `after` and `before`."""
+    ran = {(op.location.filename, op.location.scope) for op in trace.ops[after + 1:before] if op.location}
+    found = None
+    for filename, lines in trace.sources.items():
+        try:
+            tree = ast.parse("".join(lines))
+        except (SyntaxError, ValueError):
+            continue
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            first = min([function.lineno] + [d.lineno for d in function.decorator_list])
+            if (filename, first) not in ran:
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.Assign) and any(
+                        isinstance(t, ast.Attribute) and t.attr == attr for t in node.targets):
+                    found = Location(filename, node.lineno, function.name, lines[node.lineno - 1].strip(), first)
+    return found
 
 
 def _ran_backward(trace: Trace) -> List[OpRecord]:
