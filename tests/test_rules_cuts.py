@@ -449,3 +449,79 @@ def test_a_parameter_replaced_after_the_optimizer_was_built(replace):
     where = Masked.prune if replace is replaced_by_a_method else replace
     assert [(kind, line) for kind, line, _ in _problems(trace)] == [("missing-grad", _line_of(where))], \
         trace.report()
+
+
+# -- a term of the loss that trains nothing: computed from tensors that required grad, added with ---
+# no path to any of them. The oracle: the weights after a step are the same with the term weighted 0.
+
+def _agreement(logits, y):
+    return (logits.argmax(1) == y).float().mean()  # CULPRIT
+
+
+class Penalties:
+    def __init__(self):
+        self.terms = {}
+
+    def add(self, name, value):
+        self.terms[name] = torch.tensor(value.item())  # CULPRIT
+
+    def total(self):
+        return sum(self.terms.values())
+
+
+def term_through_argmax(model, x, y, weight):
+    logits = model(x)
+    return F.cross_entropy(logits, y) + weight * (1 - _agreement(logits, y))
+
+
+def term_kept_by_a_helper_object(model, x, y, weight):
+    logits = model(x)
+    penalties = Penalties()
+    penalties.add("size", logits.pow(2).mean())
+    return F.cross_entropy(logits, y) + weight * penalties.total()
+
+
+def term_that_trains(model, x, y, weight):
+    logits = model(x)
+    return F.cross_entropy(logits, y) + weight * logits.pow(2).mean()
+
+
+def term_from_data_alone(model, x, y, weight):
+    return F.cross_entropy(model(x), y) + weight * torch.tensor(0.5)
+
+
+def detached_baseline_in_a_product(model, x, y, weight):
+    logits = model(x)
+    logp = F.log_softmax(logits, 1).gather(1, y[:, None]).squeeze(1)
+    baseline = logits.max(1).values.mean().detach()
+    return -(logp * (1.0 - weight * baseline)).mean()
+
+
+def _step_with(make_loss, weight):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(2):
+        x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+        opt.zero_grad()
+        make_loss(model, x, y, weight).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("make_loss, where", [(term_through_argmax, _agreement),
+                                              (term_kept_by_a_helper_object, Penalties.add)])
+def test_a_term_with_no_path_to_what_it_was_computed_from_is_cut(make_loss, where):
+    assert all(torch.equal(a, b) for a, b in zip(_step_with(make_loss, 0.0), _step_with(make_loss, 1.0)))
+    with ja.capture() as trace:
+        _step_with(make_loss, 1.0)
+    assert [(kind, line) for kind, line, _ in _problems(trace)] == [("graph-cut", _line_of(where))], trace.report()
+
+
+@pytest.mark.parametrize("make_loss", [term_that_trains, term_from_data_alone, detached_baseline_in_a_product])
+def test_a_term_that_trains_or_was_never_computed_from_the_model_is_fine(make_loss):
+    trains = not all(torch.equal(a, b) for a, b in zip(_step_with(make_loss, 0.0), _step_with(make_loss, 1.0)))
+    assert trains == (make_loss is not term_from_data_alone)
+    with ja.capture() as trace:
+        _step_with(make_loss, 1.0)
+    assert _problems(trace) == [], trace.report()

@@ -274,7 +274,72 @@ def graph_cut(trace: Trace) -> List[Diagnosis]:
         if any((d.filename, d.line, d.tensor) == (diag.filename, diag.line, diag.tensor) for d in out):
             continue  # the same cut, met again by the next iteration of a loop
         out.append(diag)
+    return out + dead_terms(trace)
+
+
+# Ops that add their inputs: a loss made of terms.
+_ADDS = {"add", "add_", "sub", "sub_", "rsub", "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__"}
+
+
+def dead_terms(trace: Trace) -> List[Diagnosis]:
+    """A term added to a loss (one value added to another that requires grad, on the way to a backward
+    call) that was computed from tensors that required grad but has no path to any of them: it trains
+    nothing, and its weight changes no gradient (a penalty computed through argmax, `.item()`, a
+    comparison). Named at the first op on its way where the chain stopped requiring grad. Each place
+    in the code is judged once (the iterations of a loop do the same)."""
+    out, judged, reached = [], set(), {}
+    backwards = [cp for cp in _backward_checkpoints(trace) if trace.ops[cp.op_index].error is None and cp.roots]
+    for op in trace.ops:
+        if op.name.rpartition(".")[2] not in _ADDS or op.is_backward or op.node is None or op.location is None \
+                or not any(_scalar_requiring_grad(trace, t) for t in op.outputs):
+            continue
+        for position, term in enumerate(op.inputs):
+            info = trace.tensors.get(term)
+            if info is None or info.first_requires_grad or (op.location, position) in judged or _numel(info) != 1:
+                continue
+            judged.add((op.location, position))
+            cp = next((cp for cp in backwards if cp.op_index > op.index), None)
+            if cp is None:
+                continue
+            if cp.op_index not in reached:
+                reached[cp.op_index] = reachable(trace, cp.roots)
+            if op.node not in reached[cp.op_index]:
+                continue  # a sum that no backward call runs through
+            sources = ancestors(trace, [term], op.index)
+            if not any(t != term and t in trace.tensors and trace.tensors[t].first_requires_grad for t in sources):
+                continue  # made from data alone: a constant of the loss
+            cuts = [o for o in trace.ops[:op.index] if is_cut(trace, o) and not _reads_only_the_layout(o)
+                    and any(t in sources for t in o.inputs + o.outputs)]
+            if not cuts:
+                continue
+            cut = cuts[0]
+            name = info.name or trace.tensor_label(term)
+            why = _why_cut(cut)
+            message = (
+                "`%s` is added to the loss at line %d, but it has no path to the tensors it was computed from: %s "
+                "cut it (%s). backward() runs, and this term changes no gradient: it trains nothing, and its weight "
+                "does nothing." % (name, op.location.line, where(cut), why))
+            out.append(_diag("graph-cut", cut, message, _cut_fix(trace, cut, why), tensor=name, tids=(term,)))
     return out
+
+
+def _reads_only_the_layout(op: OpRecord) -> bool:
+    """`torch.zeros_like(x)`, `x.new_zeros(())`: a tensor made from x's shape, dtype and device, not
+    from its values (a running sum started from it is no term cut off the model)."""
+    short = op.name.rpartition(".")[2]
+    return short.endswith("_like") or short in ("new_zeros", "new_ones", "new_full", "new_empty")
+
+
+def _scalar_requiring_grad(trace: Trace, tid: int) -> bool:
+    info = trace.tensors.get(tid)
+    return info is not None and info.first_requires_grad and _numel(info) == 1
+
+
+def _numel(info) -> int:
+    n = 1
+    for size in info.shape:
+        n *= size
+    return n
 
 
 def _rebuilt_leaves(trace: Trace, cp: Checkpoint, root: Optional[int]) -> List[int]:
