@@ -525,3 +525,16 @@ def test_a_term_that_trains_or_was_never_computed_from_the_model_is_fine(make_lo
     with ja.capture() as trace:
         _step_with(make_loss, 1.0)
     assert _problems(trace) == [], trace.report()
+
+
+def test_a_term_detached_on_purpose_is_no_cut():
+    # `.detach()` exists only to stop the gradient: the term is meant to carry none (the oracle: it
+    # changes no weight, as PyTorch's own stop-gradient promises).
+    def make_loss(model, x, y, weight):
+        logits = model(x)
+        return F.cross_entropy(logits, y) + weight * logits.pow(2).mean().detach()
+
+    assert all(torch.equal(a, b) for a, b in zip(_step_with(make_loss, 0.0), _step_with(make_loss, 1.0)))
+    with ja.capture() as trace:
+        _step_with(make_loss, 1.0)
+    assert _problems(trace) == [], trace.report()

@@ -277,6 +277,8 @@ def graph_cut(trace: Trace) -> List[Diagnosis]:
     return out + dead_terms(trace)
 
 
+# Ops whose only purpose is to stop the gradient: a term cut by one was cut on purpose.
+_STOP_GRADIENT = {"detach", "detach_", "data"}
 # Ops that add their inputs: a loss made of terms.
 _ADDS = {"add", "add_", "sub", "sub_", "rsub", "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__"}
 
@@ -285,8 +287,10 @@ def dead_terms(trace: Trace) -> List[Diagnosis]:
     """A term added to a loss (one value added to another that requires grad, on the way to a backward
     call) that was computed from tensors that required grad but has no path to any of them: it trains
     nothing, and its weight changes no gradient (a penalty computed through argmax, `.item()`, a
-    comparison). Named at the first op on its way where the chain stopped requiring grad. Each place
-    in the code is judged once (the iterations of a loop do the same)."""
+    comparison). Named at the first op on its way where the chain stopped requiring grad. A term cut
+    by `.detach()` or `.data`, whose only purpose is to stop the gradient, was cut on purpose (a
+    stop-gradient target, a total kept for logging). Each place in the code is judged once (the
+    iterations of a loop do the same)."""
     out, judged, reached = [], set(), {}
     backwards = [cp for cp in _backward_checkpoints(trace) if trace.ops[cp.op_index].error is None and cp.roots]
     for op in trace.ops:
@@ -310,8 +314,8 @@ def dead_terms(trace: Trace) -> List[Diagnosis]:
                 continue  # made from data alone: a constant of the loss
             cuts = [o for o in trace.ops[:op.index] if is_cut(trace, o) and not _reads_only_the_layout(o)
                     and any(t in sources for t in o.inputs + o.outputs)]
-            if not cuts:
-                continue
+            if not cuts or any(o.name.rpartition(".")[2] in _STOP_GRADIENT for o in cuts):
+                continue  # `.detach()` on the way says the term is meant to carry no gradient
             cut = cuts[0]
             name = info.name or trace.tensor_label(term)
             why = _why_cut(cut)
