@@ -12,9 +12,10 @@ import re
 from typing import Dict, List, Optional, Set
 
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, starved_fix, where
-from ..model import FREEZE_SETTER, GRAD_MODE_SWITCHES, Checkpoint, Diagnosis, OpRecord, Trace
+from ..model import FREEZE_SETTER, GRAD_MODE_SWITCHES, Checkpoint, Diagnosis, Location, OpRecord, Trace
 from .paths import (FunctionCalls, ancestors, at_caller, at_maker, descendants, engine_order, exit_before, first_use,
-                    is_cut, leading_to, node_at, stops_after, switch_left_on)
+                    is_cut, is_exit, leading_to, made_from_values, node_at, reachable, scope_call, stops_after,
+                    switch_left_on)
 
 _NO_GRAD_FN = "does not require grad and does not have a grad_fn"
 _GRAPH_FREED_ERROR = "backward through the graph a second time"
@@ -222,12 +223,16 @@ def graph_cut(trace: Trace) -> List[Diagnosis]:
     or from a leaf that was computed in the block (`loss.requires_grad = True` hid the error)."""
     out = []
     for cp in _backward_checkpoints(trace):
-        if cp.roots:
-            continue
         backward = trace.ops[cp.op_index]
         root = backward.inputs[0] if backward.inputs else None
         info = trace.tensors.get(root) if root is not None else None
-        if info is None:
+        rebuilt = _rebuilt_leaves(trace, cp, root)
+        if rebuilt and info is not None:
+            diag = _rebuilt_loss(trace, root, rebuilt)
+            if not any((d.filename, d.line) == (diag.filename, diag.line) for d in out):
+                out.append(diag)
+            continue
+        if cp.roots or info is None:
             continue
         made_here = info.created_by is not None
         raised = backward.error is not None and _NO_GRAD_FN in backward.error
@@ -241,7 +246,11 @@ def graph_cut(trace: Trace) -> List[Diagnosis]:
         name = info.name or trace.tensor_label(root)
         hidden = not raised
         switch = switch_left_on(trace, cut) if cut is not None and "frozen" not in why else None
-        if switch is not None:  # the cut is where grad was switched off, not where that was met
+        in_block = scope_call(trace, cut) if cut is not None and switch is None and "frozen" not in why else None
+        if in_block is not None:  # the line of the grad-off block that called the module which ran it
+            cut = in_block
+            what = "%s cut `%s` off the graph: %s" % (where(cut), name, why)
+        elif switch is not None:  # the cut is where grad was switched off, not where that was met
             why = _why_switched_off(switch, cut)
             cut = switch
             what = "%s cut `%s` off the graph: %s" % (where(cut), name, why)
@@ -265,7 +274,134 @@ def graph_cut(trace: Trace) -> List[Diagnosis]:
         if any((d.filename, d.line, d.tensor) == (diag.filename, diag.line, diag.tensor) for d in out):
             continue  # the same cut, met again by the next iteration of a loop
         out.append(diag)
+    return out + dead_terms(trace)
+
+
+# Ops whose only purpose is to stop the gradient: a term cut by one was cut on purpose.
+_STOP_GRADIENT = {"detach", "detach_", "data"}
+# Ops that add their inputs: a loss made of terms.
+_ADDS = {"add", "add_", "sub", "sub_", "rsub", "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__"}
+
+
+def dead_terms(trace: Trace) -> List[Diagnosis]:
+    """A term added to a loss (one value added to another that requires grad, on the way to a backward
+    call) that was computed from tensors that required grad but has no path to any of them: it trains
+    nothing, and its weight changes no gradient (a penalty computed through argmax, `.item()`, a
+    comparison). Named at the first op on its way where the chain stopped requiring grad. A term cut
+    by `.detach()` or `.data`, whose only purpose is to stop the gradient, was cut on purpose (a
+    stop-gradient target, a total kept for logging). Each place in the code is judged once (the
+    iterations of a loop do the same)."""
+    out, judged, reached = [], set(), {}
+    backwards = [cp for cp in _backward_checkpoints(trace) if trace.ops[cp.op_index].error is None and cp.roots]
+    for op in trace.ops:
+        if op.name.rpartition(".")[2] not in _ADDS or op.is_backward or op.node is None or op.location is None \
+                or not any(_scalar_requiring_grad(trace, t) for t in op.outputs):
+            continue
+        for position, term in enumerate(op.inputs):
+            info = trace.tensors.get(term)
+            if info is None or info.first_requires_grad or (op.location, position) in judged or _numel(info) != 1:
+                continue
+            judged.add((op.location, position))
+            cp = next((cp for cp in backwards if cp.op_index > op.index), None)
+            if cp is None:
+                continue
+            if cp.op_index not in reached:
+                reached[cp.op_index] = reachable(trace, cp.roots)
+            if op.node not in reached[cp.op_index]:
+                continue  # a sum that no backward call runs through
+            sources = ancestors(trace, [term], op.index)
+            if not any(t != term and t in trace.tensors and trace.tensors[t].first_requires_grad for t in sources):
+                continue  # made from data alone: a constant of the loss
+            cuts = [o for o in trace.ops[:op.index] if is_cut(trace, o) and not _reads_only_the_layout(o)
+                    and any(t in sources for t in o.inputs + o.outputs)]
+            if not cuts or any(o.name.rpartition(".")[2] in _STOP_GRADIENT for o in cuts):
+                continue  # `.detach()` on the way says the term is meant to carry no gradient
+            cut = cuts[0]
+            name = info.name or trace.tensor_label(term)
+            why = _why_cut(cut)
+            message = (
+                "`%s` is added to the loss at line %d, but it has no path to the tensors it was computed from: %s "
+                "cut it (%s). backward() runs, and this term changes no gradient: it trains nothing, and its weight "
+                "does nothing." % (name, op.location.line, where(cut), why))
+            out.append(_diag("graph-cut", cut, message, _cut_fix(trace, cut, why), tensor=name, tids=(term,)))
     return out
+
+
+def _reads_only_the_layout(op: OpRecord) -> bool:
+    """`torch.zeros_like(x)`, `x.new_zeros(())`: a tensor made from x's shape, dtype and device, not
+    from its values (a running sum started from it is no term cut off the model)."""
+    short = op.name.rpartition(".")[2]
+    return short.endswith("_like") or short in ("new_zeros", "new_ones", "new_full", "new_empty")
+
+
+def _scalar_requiring_grad(trace: Trace, tid: int) -> bool:
+    info = trace.tensors.get(tid)
+    return info is not None and info.first_requires_grad and _numel(info) == 1
+
+
+def _numel(info) -> int:
+    n = 1
+    for size in info.shape:
+        n *= size
+    return n
+
+
+def _rebuilt_leaves(trace: Trace, cp: Checkpoint, root: Optional[int]) -> List[int]:
+    """The leaves a backward call reaches when every one of them is a new leaf made in the block, with
+    requires_grad=True, from what the parameters computed (`torch.tensor(loss.item(), requires_grad=True)`, a prediction
+    rewrapped by `torch.tensor(..., requires_grad=True)`): the chain to the parameters was cut and
+    the flag set on the copy hid it, so the backward trains nothing. Else []. A leaf made from data
+    alone (an input whose gradient is wanted) is no such leaf; nor is one autograd.grad asks for."""
+    backward = trace.ops[cp.op_index]
+    if backward.error is not None or cp.inputs or root is None:
+        return []
+    if cp.roots:
+        reached = [trace.nodes[k].variable for k in reachable(trace, cp.roots)]
+        leaves = [t for t in reached if t is not None]
+    else:
+        leaves = [root]
+    rebuilt = []
+    for tid in dict.fromkeys(leaves):
+        info = trace.tensors.get(tid)
+        if info is None or not info.is_leaf or info.created_by is None or not info.first_requires_grad \
+                or _trained(info):
+            return []  # a flag set by hand later is found with the cut it hides (graph_cut below)
+        made = trace.ops[info.created_by]
+        sources = ancestors(trace, made.inputs or [tid], made.index + 1) - {tid}
+        if not any(t in trace.tensors and _trained(trace.tensors[t]) and trace.tensors[t].first_requires_grad
+                   for t in sources):
+            return []
+        rebuilt.append(tid)
+    return rebuilt
+
+
+def _trained(info) -> bool:
+    return info.is_parameter or info.optimized or info.owner is not None
+
+
+def _rebuilt_loss(trace: Trace, root: int, rebuilt: List[int]) -> Diagnosis:
+    made = trace.ops[trace.tensors[rebuilt[0]].created_by]
+    name = _name(trace, root) or trace.tensor_label(root)
+    leaf = "`%s`" % _name(trace, rebuilt[0]) if _name(trace, rebuilt[0]) and rebuilt[0] != root else "a new leaf"
+    message = (
+        "%s made %s from values the parameters computed, and set `requires_grad` on it: a tensor made that way "
+        "has no history, so backward() from `%s` stops there. PyTorch raises nothing, but no parameter gets a "
+        "gradient, and training does nothing." % (where(made), leaf, name))
+    rewritten = _without_exit(made.location.source) if made.location else None
+    assigned = ast.parse(rewritten).body[0] if rewritten else None
+    if assigned is not None and ast.unparse(assigned.targets[0]) == ast.unparse(assigned.value):
+        fix = ("Delete the culprit line: `%s` already holds the tensor whose value it copies, with the history "
+               "that backward needs." % ast.unparse(assigned.value))
+    elif rewritten:
+        fix = "Keep the loss a tensor, with no round trip through Python numbers. %s\n%s" % (REPLACE, code(rewritten))
+    else:
+        fix = ("%s compute the loss with torch operations from the model's output itself, and do not rewrap it "
+               "with `torch.tensor(..., requires_grad=True)`, which copies the values and drops their history (a "
+               "threshold or an argmax has no gradient: use a soft version, such as a sigmoid, to train through it)."
+               % NO_ONE_LINE_FIX)
+    diag = _diag("graph-cut", made, message, fix, tensor=name, tids=(root, *rebuilt))
+    diag.predicted = True
+    return diag
 
 
 def _find_cut(trace: Trace, root: int, before: int):
@@ -274,7 +410,7 @@ def _find_cut(trace: Trace, root: int, before: int):
     cuts = [op for op in trace.ops[:before] if any(t in found for t in op.outputs + op.writes) and is_cut(trace, op)]
     for op in trace.ops[:before]:  # a Python value in the chain: the op that made it is the cut
         if any(t in found for t in op.inputs + op.outputs) and not op.is_backward:
-            exit_op = exit_before(trace, op)
+            exit_op = exit_before(trace, op, made_from_values(trace, op))
             if exit_op is not None and is_cut(trace, exit_op) and any(t in found for t in exit_op.inputs):
                 cuts.append(exit_op)
     # Frozen: without grad when the block ends if still alive (a model built in the block and frozen
@@ -388,9 +524,71 @@ def _without_exit(src: str) -> Optional[str]:
 # -- missing-grad ---------------------------------------------------------------------------------
 
 def missing_grad(trace: Trace) -> List[Diagnosis]:
-    out = _moved_leaves(trace) + _unused_inputs(trace)
+    out = _moved_leaves(trace) + _unused_inputs(trace) + _replaced_parameters(trace)
     out += _cut_parameters(trace, {d.tensor for d in out})
     return out
+
+
+def _replaced_parameters(trace: Trace) -> List[Diagnosis]:
+    """A parameter an optimizer holds that its module no longer holds at the end, because another
+    parameter, which the optimizer does not hold, took its place in the forward (the same operand of
+    the same op: `self.mask = nn.Parameter(new)` after the optimizer was built): from then on the old
+    one gets no gradient and the new one, which gets them, is never updated. Named at the assignment
+    that replaced it, found in the source as the one that ran between the last use of the old
+    parameter and the first of the new; else at that first use."""
+    out = []
+    runs = _ran_backward(trace)
+    params = [info for info in trace.tensors.values() if info.is_leaf and info.is_parameter]
+    for old in params:
+        if not old.optimized or old.owner is not None:
+            continue
+        uses = [op for op in trace.ops if old.tid in op.inputs and op.module and op.grad_enabled and not op.is_backward]
+        if not uses:
+            continue
+        last = uses[-1]
+        place = (last.location, last.inputs.index(old.tid))
+        new = next(((info, op) for info in params if not info.optimized and info.requires_grad
+                    for op in trace.ops[last.index + 1:] if info.tid in op.inputs and op.module and op.grad_enabled
+                    and (op.location, op.inputs.index(info.tid)) == place), None)
+        if new is None or not any(run.index > new[1].index for run in runs):
+            continue
+        replacement, first = new
+        name = replacement.name or old.name or trace.tensor_label(old.tid)
+        at = _assignment_between(trace, name.rpartition(".")[2], last.index, first.index) or first.location
+        message = (
+            "`%s` was replaced by a new parameter at line %d, after the optimizer was built: the optimizer still "
+            "holds the old one, which the forward no longer uses, so it gets no gradient from then on, and the new "
+            "one, which gets the gradients, is in no optimizer and is never updated." % (name, at.line))
+        fix = ("%s keep the parameter and change its values in place (`with torch.no_grad(): %s.copy_(new_values)`), "
+               "or give the new parameter to the optimizer (`optimizer.add_param_group`, or build the optimizer again "
+               "after replacing it)." % (NO_ONE_LINE_FIX, name))
+        out.append(Diagnosis(kind="missing-grad", message=message, fix=fix, filename=at.filename, line=at.line,
+                             source=at.source, tensor=name, op_index=first.index,
+                             tids=(old.tid, replacement.tid)))
+    return out
+
+
+def _assignment_between(trace: Trace, attr: str, after: int, before: int) -> Optional[Location]:
+    """The last statement assigning an attribute `attr` (`self.mask = ...`, `model.mask = ...`) in a
+    function that ran ops between op indices `after` and `before`."""
+    ran = {(op.location.filename, op.location.scope) for op in trace.ops[after + 1:before] if op.location}
+    found = None
+    for filename, lines in trace.sources.items():
+        try:
+            tree = ast.parse("".join(lines))
+        except (SyntaxError, ValueError):
+            continue
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            first = min([function.lineno] + [d.lineno for d in function.decorator_list])
+            if (filename, first) not in ran:
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.Assign) and any(
+                        isinstance(t, ast.Attribute) and t.attr == attr for t in node.targets):
+                    found = Location(filename, node.lineno, function.name, lines[node.lineno - 1].strip(), first)
+    return found
 
 
 def _ran_backward(trace: Trace) -> List[OpRecord]:
@@ -421,38 +619,51 @@ def _moved_leaves(trace: Trace) -> List[Diagnosis]:
             continue
         rebound = trace.tensors[first.inputs[0]].name == info.name
         message = (
-            "`%s` is the result of `%s`, not the tensor made with `requires_grad=True`: it is not a leaf, so "
+            "`%s` is the result of `%s`, not the leaf that requires grad: it is not a leaf itself, so "
             "backward() never stores a gradient in `%s.grad` (it stays None, and PyTorch only warns when it is "
             "read). The gradient goes to the original tensor, which %s, and which nothing updates."
             % (info.name, op.name, info.name, "the name `%s` no longer holds" % info.name if rebound else
                "has no name"))
         source = first.location.source if first.location else ""
-        fix = (_rebound_leaf_fix(source) if rebound else None) or _leaf_after_move_fix(source, info.name)
+        fix = (_rebound_leaf_fix(source, info.name) if rebound else None) or _leaf_after_move_fix(source, info.name)
         out.append(_diag("missing-grad", first, message, fix, tensor=info.name, tids=(info.tid, first.inputs[0])))
     return out
 
 
 def _copied_from_lost_leaf(trace: Trace, info):
     """(the copy applied to the leaf, the one that made `info`) when `info` is a copy (moves, `.clone()`,
-    a view that only reshapes) or a chain of copies of a leaf made with requires_grad=True, and the
-    leaf has no name of its own: none at all, or the very name the copy now goes by (`x = x.view(2, 3)`
-    rebinds it). The user holds the copy, and nothing holds the leaf, which gets the gradient. Else None."""
+    a view that only reshapes) or a chain of copies of a leaf that required grad when it was copied
+    (made with requires_grad=True, or set so later: the copy requires grad then), and the leaf has no
+    name of its own: none at all, or the very name the copy now goes by (`x = x.view(2, 3)` rebinds
+    it). The user holds the copy, and nothing holds the leaf, which gets the gradient. Else None."""
     op = last = trace.ops[info.created_by]
     while op.name.rpartition(".")[2] in _COPIES and op.inputs:
         source = trace.tensors.get(op.inputs[0])
         if source is None or (source.name and source.name != info.name):
             return None
         if source.is_leaf:
-            return (op, last) if source.first_requires_grad else None
+            return (op, last) if source.first_requires_grad or _copied_from_the_leaf_itself(trace, op, source.tid) \
+                else None
         if source.created_by is None:
             return None
         op = trace.ops[source.created_by]
     return None
 
 
-def _rebound_leaf_fix(src: str) -> Optional[str]:
+def _copied_from_the_leaf_itself(trace: Trace, op, leaf: int) -> bool:
+    """The copy's node leads straight to the leaf's AccumulateGrad: the leaf required grad when it was
+    copied, though it was made without (`x.requires_grad = True` later). A tensor made a leaf and then
+    written in place with a value that requires grad is no longer a leaf: its copy leads to the write."""
+    node = trace.nodes.get(op.node) if op.node is not None else None
+    return node is not None and any(
+        k in trace.nodes and trace.nodes[k].name == "AccumulateGrad" and trace.nodes[k].variable == leaf
+        for k in node.inputs)
+
+
+def _rebound_leaf_fix(src: str, name: str) -> Optional[str]:
     """`w = w.type(torch.float)` -> `w = w.type(torch.float).detach().requires_grad_()`: the name then
-    holds a leaf of its own, which backward gives the gradient."""
+    holds a leaf of its own, which backward gives the gradient. In a tuple assignment
+    (`inputs, targets = inputs.float(), targets.long()`), only the value the name gets."""
     try:
         tree = ast.parse(src)
     except SyntaxError:
@@ -460,10 +671,23 @@ def _rebound_leaf_fix(src: str) -> Optional[str]:
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign) or len(tree.body[0].targets) != 1:
         return None
     stmt = tree.body[0]
-    detached = ast.Call(func=ast.Attribute(value=stmt.value, attr="detach", ctx=ast.Load()), args=[], keywords=[])
-    stmt.value = ast.Call(func=ast.Attribute(value=detached, attr="requires_grad_", ctx=ast.Load()), args=[],
-                          keywords=[])
-    return "Make the copy the leaf. %s\n%s" % (REPLACE, code(ast.unparse(stmt)))
+    target = stmt.targets[0]
+
+    def as_leaf(value):
+        detached = ast.Call(func=ast.Attribute(value=value, attr="detach", ctx=ast.Load()), args=[], keywords=[])
+        return ast.Call(func=ast.Attribute(value=detached, attr="requires_grad_", ctx=ast.Load()), args=[],
+                        keywords=[])
+
+    if isinstance(target, (ast.Tuple, ast.List)):
+        values = stmt.value.elts if isinstance(stmt.value, (ast.Tuple, ast.List)) else None
+        at = [i for i, element in enumerate(target.elts) if ast.unparse(element) == name]
+        if values is None or len(values) != len(target.elts) or len(at) != 1:
+            return None
+        values[at[0]] = as_leaf(values[at[0]])
+        fixed = "%s = %s" % (", ".join(map(ast.unparse, target.elts)), ", ".join(map(ast.unparse, values)))
+    else:
+        fixed = "%s = %s" % (ast.unparse(target), ast.unparse(as_leaf(stmt.value)))
+    return "Make the copy the leaf. %s\n%s" % (REPLACE, code(fixed))
 
 
 def _leaf_after_move_fix(src: str, name: str) -> str:
@@ -545,7 +769,7 @@ def _path_cut(trace: Trace, tid: int, cp: Checkpoint, calls: FunctionCalls, star
         # number taken out on the line where the last one was.
         exits = [(op, cut) for op, cut in stops if not op.outputs]
         rebuilt = {(e.location.filename, e.location.function, e.location.line)
-                   for e in (exit_before(trace, f) for f in trace.ops[:cp.op_index]
+                   for e in (exit_before(trace, f, made_from_values(trace, f)) for f in trace.ops[:cp.op_index]
                              if not f.inputs and any(t in roots for t in f.outputs)) if e is not None}
         on_path = [(op, cut) for op, cut in exits if op.location is not None and
                    (op.location.filename, op.location.function, op.location.line) in rebuilt]
@@ -581,12 +805,14 @@ def _is_integral(trace: Trace, tid: int) -> bool:
     return info is not None and (info.dtype.startswith(("int", "uint")) or info.dtype == "bool")
 
 
-def _forward_use(trace: Trace, tid: int, calls: FunctionCalls) -> Optional[OpRecord]:
-    """The first op that used `tid` in a forward pass: took it as an input with grad on (or inside a
-    custom Function's forward, called with grad on), without writing it (an initialisation, an
-    update)."""
+def _forward_use(trace: Trace, tid: int, calls: FunctionCalls, grad_enabled: bool = True) -> Optional[OpRecord]:
+    """The first op that used `tid` in a forward pass where a graph could have been built: took it as
+    an input with grad on (or inside a custom Function's forward, called with grad on) and made a
+    tensor of it or turned it into Python values, without writing it (an initialisation, an update).
+    A read of its shape builds nothing. With `grad_enabled=False`: the first such op with grad off."""
     for op in trace.ops:
-        if tid in op.inputs and not op.is_backward and tid not in op.writes and calls.grad_enabled(op):
+        if (tid in op.inputs and not op.is_backward and tid not in op.writes and (op.outputs or is_exit(op))
+                and calls.grad_enabled(op) == grad_enabled):
             return op
     return None
 
@@ -604,7 +830,7 @@ def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis
     got = {-1 - k for k, n in trace.nodes.items() if k < 0 and n.consumed_by}
     got |= {t.tid for t in trace.tensors.values() if t.is_leaf and (t.grad is not None or t.stepped_with_grad)}
     trained_owners = {trace.tensors[t].owner for t in got if t in trace.tensors and trace.tensors[t].owner}
-    out, unused, frozen = [], [], []
+    out, unused, frozen, grad_off = [], [], [], []
     checkpoints = _backward_checkpoints(trace)
     calls = FunctionCalls(trace)
     for info in trace.tensors.values():
@@ -619,6 +845,11 @@ def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis
         if not (info.optimized or info.owner in trained_owners):
             continue
         use = _forward_use(trace, info.tid, calls)
+        if use is None and _forward_use(trace, info.tid, calls, grad_enabled=False) is not None:
+            # Where no graph could be built, no cut starves it: it is not trained in this block (a
+            # frozen backbone run under no_grad, with the optimizer over every parameter).
+            grad_off.append(info.name or trace.tensor_label(info.tid))
+            continue
         if use is None or not any(run.index > use.index for run in runs):
             unused.append(info.name or trace.tensor_label(info.tid))
             continue
@@ -646,6 +877,9 @@ def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis
                            "unrouted expert, or not: check): %s." % _listing(unused))
     if frozen:
         trace.notes.append("Frozen on purpose (requires_grad=False), so no gradient: %s." % _listing(frozen))
+    if grad_off:
+        trace.notes.append("Used only with gradient recording off (`torch.no_grad()`, `set_grad_enabled(False)`, "
+                           "inference mode), so not trained in this block: %s." % _listing(grad_off))
     return out
 
 

@@ -11,6 +11,8 @@ from ..model import GRAD_MODE_SWITCHES, Checkpoint, ModuleCall, OpRecord, Trace
 
 # Ops that turn a tensor into Python values: the chain to the graph ends there.
 _EXITS = {"item", "tolist", "numpy", "__float__", "__int__", "__index__", "__complex__", "__array__"}
+# Recorded factories that make a tensor from the values they are given.
+_FROM_VALUES = {"torch.tensor", "torch.as_tensor", "torch.asarray"}
 
 
 def engine_order(trace: Trace, cp: Checkpoint) -> List[int]:
@@ -100,16 +102,49 @@ def is_cut(trace: Trace, op: OpRecord) -> bool:
     return op.name.rpartition(".")[2] in _EXITS
 
 
+def is_exit(op: OpRecord) -> bool:
+    """The op turned a tensor into Python values (`.item()`, `.numpy()`, `float(t)`, ...)."""
+    return not op.outputs and op.name.rpartition(".")[2] in _EXITS
+
+
 def switch_left_on(trace: Trace, op: OpRecord) -> Optional[OpRecord]:
     """For an op that ran with grad off: the grad-mode switch that turned it off, when that switch is
     not a scope around the op; else None. A scope's enter and exit are recorded at one line (a `with`
     statement; the call of a function decorated with `@torch.no_grad()`, entered and left in
     torch's wrapper), the exit putting back the mode the enter found. The op ran inside it when that
-    line switched back after the op, and the op is in the same function as the `with`, or the scope
-    is a decorated call that had not returned. Anything else left the mode off behind it:
+    line switched back after the op, and the op is in the same function as the `with`, or in a
+    user-written module called from inside the `with` block (see scope_call), or the scope is a
+    decorated call that had not returned. Anything else left the mode off behind it:
     `torch.set_grad_enabled(False)` never switched back (or switched back on another path),
     `no_grad().__enter__()`, a generator suspended at a `yield` inside `with torch.no_grad():`, a
-    `with` block around the call of the function that made the op."""
+    `with` block around the call of a plain function that made the op (nothing recorded tells it
+    from the generator)."""
+    found = _open_switch(trace, op)
+    if found is None:
+        return None
+    switch, closed = found
+    where, at = switch.location, op.location
+    if closed and (not where.source.startswith(("with ", "async with "))
+                   or (where.filename, where.function, where.scope) == (at.filename, at.function, at.scope)
+                   or _call_from_block(trace, op, switch) is not None):
+        return None
+    return switch
+
+
+def scope_call(trace: Trace, op: OpRecord) -> Optional[OpRecord]:
+    """For an op that ran with grad off inside a user-written module called from an open grad-off
+    `with` block of another function (`with torch.no_grad(): logits = self.net(x)`): the op placed at
+    that call, the line of the block that ran under grad off. Else None."""
+    found = _open_switch(trace, op)
+    if found is None or not found[1] or not found[0].location.source.startswith(("with ", "async with ")):
+        return None
+    call = _call_from_block(trace, op, found[0])
+    return _placed(op, call) if call is not None else None
+
+
+def _open_switch(trace: Trace, op: OpRecord) -> Optional[Tuple[OpRecord, bool]]:
+    """(the innermost grad-off switch still open when `op` ran, whether the same line put the mode back
+    after it), or None (off since before the block, or in a way we did not see)."""
     if op.grad_enabled or op.location is None:
         return None
     open_switches: List[Tuple[OpRecord, bool]] = []  # (switch, the mode it found), innermost last
@@ -124,24 +159,31 @@ def switch_left_on(trace: Trace, op: OpRecord) -> Optional[OpRecord]:
             open_switches.append((other, mode))
         mode = other.grad_enabled
     if not open_switches or open_switches[-1][0].grad_enabled:
-        return None  # off since before the block, or in a way we did not see
+        return None
     switch, found = open_switches[-1]
-    where, at = switch.location, op.location
-    if where is None:
+    if switch.location is None:
         return None
-    closed = any(o.name in GRAD_MODE_SWITCHES and o.location == where and o.grad_enabled == found
+    closed = any(o.name in GRAD_MODE_SWITCHES and o.location == switch.location and o.grad_enabled == found
                  for o in trace.ops[op.index + 1:])
-    if closed and (not where.source.startswith(("with ", "async with "))
-                   or (where.filename, where.function, where.scope) == (at.filename, at.function, at.scope)):
-        return None
-    return switch
+    return switch, closed
+
+
+def _call_from_block(trace: Trace, op: OpRecord, switch: OpRecord) -> Optional[ModuleCall]:
+    """The outermost call of a user-written module that ran `op`, made from the function of the `with`
+    statement `switch`, below it and after it was entered."""
+    where = switch.location
+    for call in trace.calls:  # an enclosing call before those inside it
+        at = call.location
+        if call.first_op <= op.index < call.end_op and switch.index < call.first_op and at.line > where.line \
+                and (at.filename, at.function, at.scope) == (where.filename, where.function, where.scope):
+            return call
+    return None
 
 
 def ancestors(trace: Trace, tids: Iterable[int], before: int) -> Set[int]:
     """Every tensor the given ones were computed from, through recorded ops before `before`. A
     tensor made from Python values (torch.tensor(x), or from_numpy, which is not recorded) is
-    linked to the tensor turned into Python values (`.item()`, `.numpy()`) just before, in the
-    same function."""
+    linked to the tensor those values were taken out of (see exit_before)."""
     found = set(tids)
     bridged: Set[int] = set()
     ops = [op for op in trace.ops[:before] if not op.is_backward]
@@ -153,38 +195,75 @@ def ancestors(trace: Trace, tids: Iterable[int], before: int) -> Set[int]:
             if op.inputs:
                 found.update(op.inputs)
             else:
-                _bridge(trace, op, found)
+                _bridge(trace, op, made_from_values(trace, op), found)
         for t in list(found):  # first seen as an input, made from Python values we did not see
             info = trace.tensors.get(t)
             if t not in bridged and info is not None and info.created_by is None and not info.first_requires_grad:
                 bridged.add(t)
                 use = next((op for op in ops if t in op.inputs), None)
                 if use is not None:
-                    _bridge(trace, use, found)
+                    _bridge(trace, use, t, found)
         if len(found) == size:
             return found
 
 
-def _bridge(trace: Trace, op: OpRecord, found: Set[int]) -> None:
-    exit_op = exit_before(trace, op)
+def _bridge(trace: Trace, op: OpRecord, made: Optional[int], found: Set[int]) -> None:
+    exit_op = exit_before(trace, op, made)
     if exit_op is not None:
         found.update(exit_op.inputs)
 
 
-def exit_before(trace: Trace, op: OpRecord, lines: int = 3) -> Optional[OpRecord]:
-    """The op that last turned a tensor into Python values shortly before `op` (which made or
-    first used a tensor built from Python values): in the same function, at most `lines` lines
-    above it."""
+def made_from_values(trace: Trace, op: OpRecord) -> Optional[int]:
+    """The tensor that `op` made from given values (`torch.tensor(v)`, not `torch.zeros(n)`, which is made
+    from sizes), or first used when its maker was not recorded (torch.from_numpy, torch.Tensor(list)),
+    if any."""
+    if not op.inputs:
+        return op.outputs[0] if op.outputs and op.name in _FROM_VALUES else None
+    for t in op.inputs:
+        info = trace.tensors.get(t)
+        if info is not None and info.created_by is None and not info.first_requires_grad \
+                and next((o for o in trace.ops if t in o.inputs), None) is op:
+            return t
+    return None
+
+
+def exit_before(trace: Trace, op: OpRecord, made: Optional[int] = None, lines: int = 3) -> Optional[OpRecord]:
+    """The op that turned a tensor into the Python values that tensor `made` was built from, `op`
+    being the one that made it or first used it: the latest exit since the last backward call that
+    took out values of the very shape `made` has (a round trip keeps it: `.numpy()` then
+    `torch.from_numpy`, `.tolist()` then `torch.tensor`, `.item()` for one value), wherever it ran
+    (a helper that returns the array); or, for values gathered from several exits
+    (`torch.tensor([a.item(), b.item()])`), one at that line (a comprehension on it included) or in
+    op's function at most `lines` above it."""
     loc = op.location
-    if loc is None:
-        return None
+    info = trace.tensors.get(made) if made is not None else None
     for other in reversed(trace.ops[:op.index]):
-        if other.outputs or other.name.rpartition(".")[2] not in _EXITS or other.location is None:
+        if other.is_backward:
+            return None  # values of an earlier step's forward are not this one's
+        if other.outputs or other.name.rpartition(".")[2] not in _EXITS or not other.inputs:
             continue
+        taken = trace.tensors.get(other.inputs[0])
+        if info is not None and taken is not None and _same_values_shape(taken.shape, info.shape):
+            return other
         there = other.location
-        if there.filename == loc.filename and there.function == loc.function and 0 <= loc.line - there.line <= lines:
+        if loc is None or there is None or there.filename != loc.filename:
+            continue
+        if there.line == loc.line or (there.function == loc.function and 0 <= loc.line - there.line <= lines):
             return other
     return None
+
+
+def _same_values_shape(taken: Tuple[int, ...], made: Tuple[int, ...]) -> bool:
+    """Values taken out of a tensor of shape `taken` can make one of shape `made`: the same shape, or
+    one value made into a tensor of one element."""
+    return tuple(taken) == tuple(made) or (_numel(taken) == 1 and _numel(made) == 1)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
 
 
 def descendants(trace: Trace, tid: int, after: int = -1) -> Tuple[Set[int], List[OpRecord]]:

@@ -1,7 +1,8 @@
 # Two stages, each with its own loss; the total is rebuilt as a new tensor from their values "so that
 # backward works", with requires_grad=True. Backward runs, but only into that new leaf: neither
-# stage, both held by the optimizer, gets a gradient.
-# expect: missing-grad tensor=encoder.weight
+# stage, both held by the optimizer, gets a gradient. The backward trains nothing: a graph cut hidden
+# by requires_grad=True, said once (with the loss), not again as each parameter it starves.
+# expect: graph-cut tensor=loss
 # outcome: ok
 import torch
 from torch import nn
