@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, also_changed, backward_outcome, code, counted,
                      data_fix, data_swap_fix, describe_write, inplace_fix, leaf_fix, line_ref, where)
 from ..model import DATA_SWAP, Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
-from .paths import engine_order, reachable
+from .paths import engine_order, leading_to, reachable
 
 _LEAF_ERRORS = ("leaf Variable that requires grad is being used in an in-place operation",)
 # A call given `out=` refuses to run when any argument requires grad: a write into a leaf when the out
@@ -80,16 +80,16 @@ def _leaf_of(trace: Trace, t_id: int) -> Optional[int]:
 
 def _saved_tensor_writes(trace: Trace, ranks: Dict[int, tuple]) -> List[Diagnosis]:
     """A stale or overwritten saved tensor is a problem where a backward runs (or ran) its node:
-    the nodes of each backward call, and at the end of the block only graphs never
-    backpropagated. `ranks` gets, per diagnosis, when backward meets it (checkpoint, engine step)."""
+    the nodes of each backward call, and at the end of the block only graphs that no backward ran
+    from and that one still could (_runnable_roots). `ranks` gets, per diagnosis, when backward
+    meets it (checkpoint, engine step)."""
     found: Dict[Tuple, Diagnosis] = {}
     write_index = _WriteIndex(trace)
     for cp_number, cp in enumerate(trace.checkpoints):
         if cp.kind == "backward":
             position = {key: i for i, key in enumerate(engine_order(trace, cp))}
-        else:  # the graphs of live tensors that no backward ran from
-            position = {key: -key for key in reachable(trace, [r for r in cp.roots if r in trace.nodes
-                                                                and not trace.nodes[r].consumed_by])}
+        else:  # the graphs of live tensors that a backward not yet called could run
+            position = {key: -key for key in reachable(trace, _runnable_roots(trace, cp))}
         for slot in cp.slots:
             if slot.freed or slot.byte_range is None or slot.node not in position:
                 continue
@@ -123,6 +123,20 @@ def _saved_tensor_writes(trace: Trace, ranks: Dict[int, tuple]) -> List[Diagnosi
             found[key] = _saved_diagnosis(trace, kind, cp, slot, node, saved_op, culprit, affected)
             ranks[id(found[key])] = rank
     return _merge_same_write(trace, list(found.values()), ranks)
+
+
+def _runnable_roots(trace: Trace, cp: Checkpoint) -> List[int]:
+    """The roots, at the block's end, of graphs that no backward ran from and that a backward could
+    still run: not those reaching a node whose saved tensors an earlier backward freed (the class
+    output of a second pass whose trunk the loss backpropagated, `_, domain_output = net(t_img)`).
+    Nothing can backpropagate through such a graph, so what a later write did to it harms nobody."""
+    nodes = trace.nodes
+    roots = [r for r in cp.roots if r in nodes and not nodes[r].consumed_by]
+    freed = {slot.node for slot in cp.slots if slot.freed}
+    if not roots or not freed:
+        return roots
+    dead = leading_to(trace, reachable(trace, roots), freed)
+    return [r for r in roots if r not in dead]
 
 
 def _merge_same_write(trace: Trace, diagnoses: List[Diagnosis], ranks: Dict[int, tuple]) -> List[Diagnosis]:
