@@ -66,6 +66,10 @@ class GraphProbe:
         """After iteration 3 more nodes than after iteration 1, some of them run by a backward."""
         return self.sizes[2] > self.sizes[0] and self.already_run[2] > 0 and self.sizes[-1] > self.sizes[2]
 
+    def grows_from_the_second(self):
+        """After each iteration more nodes than after the one before, some of them run by a backward."""
+        return all(b > a for a, b in zip(self.sizes, self.sizes[1:])) and self.already_run[1] > 0
+
     def bounded(self):
         return max(self.sizes) == max(self.sizes[:3])
 
@@ -95,11 +99,11 @@ def _ignore(kept):
     return None
 
 
-def _accumulates(case, *args):
+def _accumulates(case, *args, growth=GraphProbe.grows):
     """The oracle says it grows; the capture says accumulated-graph. Returns the diagnosis."""
     probe = GraphProbe()
     probe.run(case, *args)
-    assert probe.grows(), probe.sizes
+    assert growth(probe), probe.sizes
     with ja.capture() as trace:
         case(*args, probe=_ignore)
     assert trace.warnings == []
@@ -339,6 +343,78 @@ def test_model_outputs_kept_for_an_epoch_metric():
     assert (d.line, d.tensor) == (_line_of(outputs_kept_for_epoch_metrics), "out")
 
 
+# -- accumulated-graph: a carried state that every backward(retain_graph=True) runs again ---------
+
+class CarriedState(nn.Module):
+    """A recurrent state carried across training iterations without .detach(), kept where real code
+    keeps it, each backward keeping the graph (the usual wrong fix for "backward through the graph a
+    second time"): every backward runs again through every earlier iteration."""
+
+    def __init__(self, keep):
+        super().__init__()
+        self.enc, self.head, self.keep = nn.Linear(3, 4), nn.Linear(4, 1), keep
+        self.prev, self.memory, self.states = torch.zeros(4, 4), {"prev": torch.zeros(4, 4)}, [torch.zeros(4, 4)]
+
+    def forward(self, x):
+        z = self.enc(x)  # run again only because the state holds it: its new nodes never reach its old ones
+        if self.keep == "attribute":
+            h = torch.tanh(z + 0.5 * self.prev)  # CARRIED attribute
+            self.prev = h
+        elif self.keep == "dict, as a copy":
+            h = torch.tanh(z + 0.5 * self.memory["prev"])  # CARRIED dict, as a copy
+            self.memory["prev"] = h.clone()
+        else:
+            h = torch.tanh(z + 0.5 * self.states[-1])  # CARRIED list
+            self.states.append(h)
+        return self.head(h)
+
+    def kept(self):
+        return {"attribute": self.prev, "dict, as a copy": self.memory["prev"], "list": self.states}[self.keep]
+
+
+def carried_with_retained_graphs(keep, iterations, data, probe):
+    torch.manual_seed(0)
+    model = CarriedState(keep)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in data[:iterations]:
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward(retain_graph=True)
+        opt.step()
+        probe(model.kept())
+
+
+@pytest.mark.parametrize("iterations", [2, 5])
+@pytest.mark.parametrize("keep,state", [("attribute", "self.prev"), ("dict, as a copy", 'self.memory["prev"]'),
+                                        ("list", "h")])
+def test_a_carried_state_whose_graph_every_backward_runs_again(keep, state, iterations):
+    """Seen from the second backward call on, and said once: at the line that takes the state in, not
+    at `z = self.enc(x)`; the fix detaches the state the next iteration reads."""
+    d = _accumulates(carried_with_retained_graphs, keep, iterations, _data(), growth=GraphProbe.grows_from_the_second)
+    assert (d.line, d.tensor) == (_line_of(CarriedState.forward, "# CARRIED " + keep), "h")
+    assert "%d backward calls" % iterations in d.message
+    assert "%s = %s.detach()" % (state, state) in d.fix and "retain_graph=True" in d.fix
+
+
+def second_order_inner_steps(data, probe):
+    """MAML's inner steps: each gradient is taken with create_graph, and the outer backward runs
+    through every inner step on purpose."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in data:
+        weight, bias = model.weight, model.bias
+        for _ in range(3):
+            inner = F.mse_loss(F.linear(x, weight, bias), y)
+            grad_weight, grad_bias = torch.autograd.grad(inner, (weight, bias), create_graph=True)
+            weight, bias = weight - 0.1 * grad_weight, bias - 0.1 * grad_bias
+        outer = F.mse_loss(F.linear(x, weight, bias), y)
+        opt.zero_grad()
+        outer.backward()
+        opt.step()
+        probe(outer)
+
+
 # -- accumulated-graph: fine look-alikes -----------------------------------------------------------
 
 def losses_as_numbers(data, probe):
@@ -437,7 +513,8 @@ def two_losses_on_one_trunk(data, probe):
 
 
 @pytest.mark.parametrize("case", [losses_as_numbers, microbatch_sum_reset_every_step, stacked_losses_backpropagated,
-                                  previous_loss_and_a_short_window, truncated_bptt_with_detach, two_losses_on_one_trunk])
+                                  previous_loss_and_a_short_window, truncated_bptt_with_detach, two_losses_on_one_trunk,
+                                  second_order_inner_steps])
 def test_what_does_not_grow_is_not_accumulation(case, capsys):
     _fine(case, _data(9))
 
