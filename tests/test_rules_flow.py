@@ -172,11 +172,11 @@ class Trainer:
         self.history = []
 
     def step(self, x, y):
-        loss = F.mse_loss(self.model(x), y)  # CULPRIT
+        loss = F.mse_loss(self.model(x), y)
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
-        self.history.append(loss)  # kept whole: nothing links them, the list holds them
+        self.history.append(loss)  # CULPRIT: kept whole: nothing links them, the list holds them
         return loss
 
 
@@ -192,7 +192,7 @@ def history_on_a_trainer(data, probe):
 def test_losses_appended_to_a_list_on_a_helper_object_that_is_gone_by_the_end():
     d = _accumulates(history_on_a_trainer, _data())
     assert (d.line, d.tensor) == (_line_of(Trainer.step), "loss")
-    assert "loss.item()" in d.fix and "There is no one-line fix" in d.fix
+    assert "self.history.append(loss.detach())" in d.fix and ".item()" in d.fix
 
 
 def retained_totals_in_a_list(data, probe):
@@ -202,11 +202,11 @@ def retained_totals_in_a_list(data, probe):
     totals = []
     for x, y in data:
         features = trunk(x)
-        total = F.mse_loss(head_a(features), y) + head_b(features).abs().mean()  # CULPRIT
+        total = F.mse_loss(head_a(features), y) + head_b(features).abs().mean()
         opt.zero_grad()
         total.backward(retain_graph=True)
         opt.step()
-        totals.append(total)
+        totals.append(total)  # CULPRIT
         probe(totals)
 
 
@@ -319,7 +319,7 @@ class Evaluator:
         self.outputs = []
 
     def add(self, out):
-        self.outputs.append(out)
+        self.outputs.append(out)  # CULPRIT
 
 
 def outputs_kept_for_epoch_metrics(data, probe):
@@ -328,7 +328,7 @@ def outputs_kept_for_epoch_metrics(data, probe):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     evaluator = Evaluator()
     for x, y in data:
-        out = model(x)  # CULPRIT
+        out = model(x)
         loss = F.mse_loss(out, y)
         opt.zero_grad()
         loss.backward()
@@ -340,7 +340,128 @@ def outputs_kept_for_epoch_metrics(data, probe):
 
 def test_model_outputs_kept_for_an_epoch_metric():
     d = _accumulates(outputs_kept_for_epoch_metrics, _data())
-    assert (d.line, d.tensor) == (_line_of(outputs_kept_for_epoch_metrics), "out")
+    assert (d.line, d.tensor) == (_line_of(Evaluator.add), "out")
+    assert "self.outputs.append(out.detach())" in d.fix
+
+
+# -- accumulated-graph: the line that keeps them, from the second iteration on ----------------------
+
+class LossLog:
+    def __init__(self):
+        self.values = []
+
+    def update(self, value):
+        self.values.append(value)  # APPENDED
+
+
+def _step(model, opt, x, y):
+    loss = F.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def _trained(data):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), data
+
+
+def losses_in_a_list(iterations, data, probe):
+    model, opt, data = _trained(data)
+    history = []
+    for x, y in data[:iterations]:
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        history.append(loss)  # APPENDED
+        probe(history)
+
+
+def losses_in_a_dict_of_lists(iterations, data, probe):
+    model, opt, data = _trained(data)
+    logs = {}
+    for x, y in data[:iterations]:
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        logs.setdefault("loss", []).append(loss)  # APPENDED
+        probe(logs)
+
+
+def losses_given_to_a_helper(iterations, data, probe):
+    model, opt, data = _trained(data)
+    meter = LossLog()
+    for x, y in data[:iterations]:
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        meter.update(loss)
+        probe(meter.values)
+
+
+def losses_returned_by_a_step(iterations, data, probe):
+    model, opt, data = _trained(data)
+    history = []
+    for x, y in data[:iterations]:
+        loss = _step(model, opt, x, y)
+        history.append(loss)  # APPENDED
+        probe(history)
+
+
+@pytest.mark.parametrize("iterations", [2, 5])
+@pytest.mark.parametrize("case,marked,stored", [
+    (losses_in_a_list, losses_in_a_list, "loss"), (losses_in_a_dict_of_lists, losses_in_a_dict_of_lists, "loss"),
+    (losses_given_to_a_helper, LossLog.update, "value"), (losses_returned_by_a_step, losses_returned_by_a_step, "loss")])
+def test_losses_stored_in_a_container_are_named_where_they_are_stored(case, marked, stored, iterations):
+    """The accumulation is the statement that stores each loss, wherever it is (in the function
+    that made the loss, a helper it is passed to, the caller it is returned to), and two
+    iterations are enough: the container holds two graphs at the end, one after the first."""
+    d = _accumulates(case, iterations, _data(), growth=GraphProbe.grows_from_the_second)
+    assert (d.line, d.tensor) == (_line_of(marked, "# APPENDED"), "loss")
+    assert ".append(%s.detach())" % stored in d.fix
+
+
+def previous_loss_for_two_iterations(data, probe):
+    """Two iterations, the earlier loss kept by a variable: never two graphs."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    previous = None
+    for x, y in data[:2]:
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if previous is not None:
+            print("improved by", (previous - loss).item())
+        previous = loss
+        probe(previous)
+
+
+def a_deque_of_one_for_two_iterations(data, probe, last=collections.deque(maxlen=1)):
+    """Two iterations, each loss appended to a deque of one that outlives the block: the
+    container the loss goes into never holds two graphs."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    last.clear()
+    for x, y in data[:2]:
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        last.append(loss)
+        probe(last)
+
+
+@pytest.mark.parametrize("case", [previous_loss_for_two_iterations, a_deque_of_one_for_two_iterations])
+def test_one_previous_loss_is_not_accumulation(case, capsys):
+    _fine(case, _data())
 
 
 # -- accumulated-graph: a carried state that every backward(retain_graph=True) runs again ---------
@@ -533,14 +654,14 @@ def _long(steps, keep):
         x, y = torch.randn(4, 3), torch.randn(4, 1)
         total, history = 0.0, []
         for _ in range(steps):
-            loss = F.mse_loss(model(x), y)  # MADE
+            loss = F.mse_loss(model(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
             if keep == "sum":
                 total += loss  # SUMMED
             elif keep == "list":
-                history.append(loss)
+                history.append(loss)  # APPENDED
             else:
                 total += loss.item()
         return float(total) + len(history)
@@ -560,7 +681,7 @@ def test_a_folded_training_loop(keep, monkeypatch):
         assert trace.diagnoses == []
         return
     [d] = trace.diagnoses
-    marker = "# SUMMED" if keep == "sum" else "# MADE"
+    marker = "# SUMMED" if keep == "sum" else "# APPENDED"
     assert (d.kind, d.line, d.tensor) == ("accumulated-graph", _line_of(train, marker), "total" if keep == "sum" else "loss")
     assert "500 iterations" in d.message if keep == "sum" else "earlier iterations" in d.message
 

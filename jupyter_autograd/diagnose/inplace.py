@@ -10,9 +10,10 @@ import bisect
 from typing import Dict, List, Optional, Tuple
 
 from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, also_changed, backward_outcome, code, counted,
-                     data_fix, data_swap_fix, describe_write, inplace_fix, leaf_fix, line_ref, where)
+                     data_fix, data_swap_fix, describe_write, inplace_fix, kept_fix, leaf_fix, line_ref, where)
 from ..model import DATA_SWAP, Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
 from .paths import engine_order, leading_to, reachable
+from .stores import storing_line
 
 _LEAF_ERRORS = ("leaf Variable that requires grad is being used in an in-place operation",)
 # A call given `out=` refuses to run when any argument requires grad: a write into a leaf when the out
@@ -545,15 +546,27 @@ def _kept_apart(trace: Trace, chains: _SideChains) -> Optional[Diagnosis]:
         makers[t_id] = maker
         by_line.setdefault(maker.location, []).append((t_id, at[first], at[last], bits))
     best = None
+    end = len(points) - 1
     for kept in by_line.values():
         spans = _held_steps(kept, current)
         peak = max(spans)
         i = max(j for j, span in enumerate(spans) if span == peak)
         before = max((span for span, step in zip(spans, current) if step <= current[i] // 2), default=0)
+        if peak <= before or not peak:
+            continue
+        last_made = max(kept, key=lambda entry: makers[entry[0]].index)[0]
+        stored = _stored_at(trace, makers[last_made], last_made)
+        # One earlier graph kept is a previous loss, unless each iteration's tensor goes into one
+        # container (two iterations of `history.append(loss)`) that, if still alive at the end, holds
+        # two graphs or more then.
+        alive_at_end = [bits for _, first, last, bits in kept if first <= end <= last]
+        held_at_end = sum(1 << step for bits in alive_at_end for step in _bit_positions(bits)).bit_count()
+        if peak < 2 and (stored is None or alive_at_end and held_at_end < 2):
+            continue
         # Of lines that grow alike, the last one's tensors: a kept tensor keeps its history alive (the
         # activations its graph saved), not the other way round.
-        rank = (peak, max(makers[t_id].index for t_id, *_ in kept))
-        if peak >= 2 and peak > before and (best is None or rank > best[0]):
+        rank = (peak, makers[last_made].index)
+        if best is None or rank > best[0]:
             best = (rank, i, kept)
     if best is None:
         return None
@@ -561,27 +574,39 @@ def _kept_apart(trace: Trace, chains: _SideChains) -> Optional[Diagnosis]:
     group = [t_id for t_id, first, last, bits in kept if first <= i <= last and bits & ((1 << current[i]) - 1)]
     t_id = max(group, key=lambda t: makers[t].index)
     op = makers[t_id]
-    name = tensors[t_id].name or _assigned_name(trace, op) or trace.tensor_label(t_id)
+    name = _kept_name(trace, op, t_id)
+    stored, detached = _stored_at(trace, op, t_id) or (None, "")
     point = points[i]
     moment = "the end of the block" if point == len(ops) else "the backward call on " + line_ref(ops[point])
     message = (
-        "`%s`, made %s, is kept alive past its iteration: at %s, the `%s` of %d earlier iterations were "
-        "still alive, each still attached to the graph that a backward already ran. Something holds them (a "
-        "list, an attribute, a helper object); nothing will backpropagate through those graphs again, but none "
+        "`%s`, made %s, is kept alive past its iteration: at %s, the `%s` of %s still alive, %s attached to the "
+        "graph that a backward already ran. %s; nothing will backpropagate through those graphs again, but none "
         "can be freed, so memory grows with every iteration." % (
-            name, where(op).replace("Line", "on line", 1), moment, name, peak))
-    if all(part.isidentifier() for part in name.split(".")):
-        fix = ("%s wherever `%s` is kept past its iteration (appended to a list, stored on an object, passed to a "
-               "meter or a logger), keep `%s.item()` (a Python number) or `%s.detach()` instead of the tensor."
-               % (NO_ONE_LINE_FIX, name, name, name))
-    else:
-        fix = ("%s wherever this tensor is kept past its iteration (appended to a list, stored on an object, passed "
-               "to a meter or a logger), keep its `.item()` (a Python number) or its `.detach()` instead."
-               % NO_ONE_LINE_FIX)
+            name, where(op).replace("Line", "on line", 1), moment, name,
+            "1 earlier iteration was" if peak == 1 else "%d earlier iterations were" % peak,
+            "still" if peak == 1 else "each still",
+            "Line %d (`%s`) stores each of them" % (stored.line, stored.source) if stored is not None else
+            "Something holds them (a list, an attribute, a helper object)"))
+    fix = kept_fix(name, detached)
     diag = _diag(trace, "accumulated-graph", op, message, fix, tensor=name, tids=tuple(group))
+    if stored is not None:  # the accumulation: where the tensors are kept, not where each was made
+        diag.filename, diag.line, diag.source = stored.filename, stored.line, stored.source
     if op.node in nodes:
         diag.node_key, diag.node = op.node, nodes[op.node].name
     return diag
+
+
+def _kept_name(trace: Trace, op: OpRecord, t_id: int) -> str:
+    return trace.tensors[t_id].name or _assigned_name(trace, op) or trace.tensor_label(t_id)
+
+
+def _stored_at(trace: Trace, op: OpRecord, t_id: int):
+    """The statement that adds the tensor to a container (stores.storing_line), by the name the
+    line that made it assigns."""
+    name = _assigned_name(trace, op)
+    if op.location is None or name is None:
+        return None
+    return storing_line(trace, op.location, name)
 
 
 def _held_steps(kept: List[tuple], current: List[int]) -> List[int]:
