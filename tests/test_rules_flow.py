@@ -413,6 +413,19 @@ def losses_returned_by_a_step(iterations, data, probe):
         probe(history)
 
 
+def probabilities_appended_as_computed(iterations, data, probe):
+    model, opt, data = _trained(data)
+    probabilities = []
+    for x, y in data[:iterations]:
+        logits = model(x)
+        loss = F.mse_loss(logits, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        probabilities.append(torch.sigmoid(logits))  # APPENDED
+        probe(probabilities)
+
+
 @pytest.mark.parametrize("iterations", [2, 5])
 @pytest.mark.parametrize("case,marked,stored", [
     (losses_in_a_list, losses_in_a_list, "loss"), (losses_in_a_dict_of_lists, losses_in_a_dict_of_lists, "loss"),
@@ -424,6 +437,16 @@ def test_losses_stored_in_a_container_are_named_where_they_are_stored(case, mark
     d = _accumulates(case, iterations, _data(), growth=GraphProbe.grows_from_the_second)
     assert (d.line, d.tensor) == (_line_of(marked, "# APPENDED"), "loss")
     assert ".append(%s.detach())" % stored in d.fix
+
+
+@pytest.mark.parametrize("iterations", [3, 5])
+def test_results_appended_as_they_are_computed(iterations):
+    """A result with no name of its own, stored by the line that computes it. (From the third
+    iteration: a tensor made after the last backward call is looked at only when the block ends,
+    and by then the function that kept it has returned.)"""
+    d = _accumulates(probabilities_appended_as_computed, iterations, _data(), growth=GraphProbe.grows_from_the_second)
+    assert d.line == _line_of(probabilities_appended_as_computed, "# APPENDED")
+    assert "probabilities.append(torch.sigmoid(logits).detach())" in d.fix
 
 
 def previous_loss_for_two_iterations(data, probe):

@@ -574,8 +574,8 @@ def _kept_apart(trace: Trace, chains: _SideChains) -> Optional[Diagnosis]:
     group = [t_id for t_id, first, last, bits in kept if first <= i <= last and bits & ((1 << current[i]) - 1)]
     t_id = max(group, key=lambda t: makers[t].index)
     op = makers[t_id]
-    name = _kept_name(trace, op, t_id)
-    stored, detached = _stored_at(trace, op, t_id) or (None, "")
+    stored, detached, stored_as = _stored_at(trace, op, t_id) or (None, "", "")
+    name = trace.tensors[t_id].name or _assigned_name(trace, op) or stored_as or trace.tensor_label(t_id)
     point = points[i]
     moment = "the end of the block" if point == len(ops) else "the backward call on " + line_ref(ops[point])
     message = (
@@ -596,17 +596,10 @@ def _kept_apart(trace: Trace, chains: _SideChains) -> Optional[Diagnosis]:
     return diag
 
 
-def _kept_name(trace: Trace, op: OpRecord, t_id: int) -> str:
-    return trace.tensors[t_id].name or _assigned_name(trace, op) or trace.tensor_label(t_id)
-
-
 def _stored_at(trace: Trace, op: OpRecord, t_id: int):
     """The statement that adds the tensor to a container (stores.storing_line), by the name the
     line that made it assigns."""
-    name = _assigned_name(trace, op)
-    if op.location is None or name is None:
-        return None
-    return storing_line(trace, op.location, name)
+    return storing_line(trace, op.location, _assigned_name(trace, op)) if op.location is not None else None
 
 
 def _held_steps(kept: List[tuple], current: List[int]) -> List[int]:

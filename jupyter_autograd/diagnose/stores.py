@@ -20,13 +20,14 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 _DEPTH = 3  # helpers passing the tensor on to helpers
 
 
-def storing_line(trace: Trace, made_at: Location, name: str) -> Optional[Tuple[Location, str]]:
+def storing_line(trace: Trace, made_at: Location, name: Optional[str]) -> Optional[Tuple[Location, str, str]]:
     """The one statement that adds the tensor `name`, made at `made_at`, to a container: in the
     function that made it, whose only binding of `name` is that line, in a function of the user's
     files it passes `name` to (the innermost statement), or in the one caller it returns `name`
-    to, by the name that caller assigns it. None where there is no such statement, or more than
-    one. With it, the statement as it would keep the tensor without its graph (`.detach()`), where
-    it is one line."""
+    to, by the name that caller assigns it; for a tensor with no name, the line that made it where
+    it adds what it computes (`self.states.append(h.clone())`). None where there is no such
+    statement, or more than one. With it, the statement as it would keep the tensor without its
+    graph (`.detach()`) and what it stores, as written (`h.clone()`), where it is one line."""
     trees = _parsed(trace)
     found = _stored_from(trees, made_at.filename, made_at.line, name, _DEPTH)
     if not found or len(found) != 1:
@@ -34,11 +35,13 @@ def storing_line(trace: Trace, made_at: Location, name: str) -> Optional[Tuple[L
     filename, line, end_line, columns = found[0]
     lines = trace.sources.get(filename, [])
     text = lines[line - 1].rstrip("\n") if 0 < line <= len(lines) else ""
-    detached = ""
+    detached = stored = ""
     if text and end_line == line:
         raw, (start, end) = text.encode(), columns  # the parser's columns count UTF-8 bytes
+        stored = raw[start:end].decode()
         detached = (raw[:start] + raw[start:end] + b".detach()" + raw[end:]).decode().strip()
-    return Location(filename, line, made_at.function if filename == made_at.filename else "", text.strip()), detached
+    where = Location(filename, line, made_at.function if filename == made_at.filename else "", text.strip())
+    return where, detached, stored
 
 
 def _stored_from(trees: dict, filename: str, line: int, name: str, depth: int) -> Optional[List[tuple]]:
@@ -52,6 +55,11 @@ def _stored_from(trees: dict, filename: str, line: int, name: str, depth: int) -
     if not made:
         return None
     statement = min(made, key=lambda n: n.end_lineno - n.lineno)
+    if name is None:
+        arg = _added(statement.value) if isinstance(statement, ast.Expr) else None
+        if arg is None or isinstance(arg, (ast.Name, ast.Attribute, ast.Subscript)):
+            return None  # not what the line computed
+        return [(filename, statement.lineno, statement.end_lineno, (arg.col_offset, arg.end_col_offset))]
     bound = _bindings(scope, name)
     if not bound or not all(statement.lineno <= at <= statement.end_lineno for at in bound):
         return None  # the name means other tensors too
@@ -145,12 +153,18 @@ def _stores(trees: dict, filename: str, scope: ast.AST, name: str, depth: int) -
         if callee is not None:  # a function of the user's (`evaluator.add(out)`), not a list's method
             found.extend(callee)
             continue
-        method = node.func.attr if isinstance(node.func, ast.Attribute) else None
-        position = _ADDING.get(method)
-        if position is not None and len(node.args) == position + 1 and _is(node.args[position], name):
-            arg = node.args[position]
+        arg = _added(node)
+        if arg is not None and _is(arg, name):
             found.append((filename, node.lineno, node.end_lineno, (arg.col_offset, arg.end_col_offset)))
     return sorted(set(found))
+
+
+def _added(node: ast.AST) -> Optional[ast.expr]:
+    """What a call adds to a container (`history.append(x)`: x), if it is such a call."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)) or node.keywords:
+        return None
+    position = _ADDING.get(node.func.attr)
+    return node.args[position] if position is not None and len(node.args) == position + 1 else None
 
 
 def _stored_by_callee(trees: dict, call: ast.Call, name: str, depth: int) -> Optional[List[tuple]]:
