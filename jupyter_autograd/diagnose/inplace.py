@@ -559,9 +559,12 @@ def _kept_apart(trace: Trace, chains: _SideChains) -> Optional[Diagnosis]:
         # One earlier graph kept is a previous loss, unless each iteration's tensor goes into one
         # container (two iterations of `history.append(loss)`) that, if still alive at the end, holds
         # two graphs or more then.
+        # (Each kept past the backward of its own iteration: losses collected first, each backpropagated
+        # in a later step, are a queue, not this.)
         alive_at_end = [bits for _, first, last, bits in kept if first <= end <= last]
         held_at_end = sum(1 << step for bits in alive_at_end for step in _bit_positions(bits)).bit_count()
-        if peak < 2 and (stored is None or alive_at_end and held_at_end < 2):
+        queued = any(chains.step_of(makers[t_id].index) < bits.bit_length() - 1 for t_id, _, _, bits in kept)
+        if peak < 2 and (stored is None or queued or alive_at_end and held_at_end < 2):
             continue
         # Of lines that grow alike, the last one's tensors: a kept tensor keeps its history alive (the
         # activations its graph saved), not the other way round.
