@@ -92,6 +92,21 @@ def accumulation_fix(src: str, linked_name: str, linked_known: bool) -> str:
         _expr(linked_name), _expr(linked_name))
 
 
+def kept_fix(name: str, detached: str) -> str:
+    """Tensors kept past their iteration whole (a list of losses): keep them without their graphs,
+    at the statement that stores them (`detached`: that statement with `.detach()`), if known."""
+    if detached:
+        return ("Keep the values without their graphs. %s\n%s\n(or store a Python number, `.item()`, if "
+                "nothing reads them as tensors)." % (REPLACE, code(detached)))
+    if all(part.isidentifier() for part in name.split(".")):
+        return ("%s wherever `%s` is kept past its iteration (appended to a list, stored on an object, passed to a "
+                "meter or a logger), keep `%s.item()` (a Python number) or `%s.detach()` instead of the tensor."
+                % (NO_ONE_LINE_FIX, name, name, name))
+    return ("%s wherever this tensor is kept past its iteration (appended to a list, stored on an object, passed "
+            "to a meter or a logger), keep its `.item()` (a Python number) or its `.detach()` instead."
+            % NO_ONE_LINE_FIX)
+
+
 def counted(names) -> List[Tuple[str, int]]:
     """[(name, how many times)], in the order first met: a list says each name once."""
     return list(Counter(names).items())

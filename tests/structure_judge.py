@@ -190,8 +190,11 @@ def execute(program: Program, variant: str, filename: str, captured: bool = Fals
         ns["_probe"] = observer.probe
         observer.globals = ns
     run = Run(ns)
-    grad_mode = torch.is_grad_enabled()
+    grad_mode, warn_always = torch.is_grad_enabled(), torch.is_warn_always_enabled()
     torch.manual_seed(0)
+    # Some of PyTorch's C++ warnings (float() of a tensor that requires grad) are given once per
+    # process: without this, only the first of the runs compared would see them.
+    torch.set_warn_always(True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -214,6 +217,7 @@ def execute(program: Program, variant: str, filename: str, captured: bool = Fals
                                   for f in frames)
         finally:
             torch.set_grad_enabled(grad_mode)
+            torch.set_warn_always(warn_always)
     run.warnings = [(w.category.__name__, str(w.message), w.lineno if w.filename == filename else 0)
                     for w in caught]
     run.values = snapshot(ns)

@@ -554,7 +554,10 @@ def write_swapped(c: Chooser, sk: Skeleton, target: str) -> None:
     if c.choose("write.by", ["inline", "context manager"]) == "inline":
         sk.add("step.start", [L("backup = %s.data" % ref, reference="backup = %s.data.clone()" % ref),
                               L("%s.data = backup * 1.5" % ref, reference="%s.data.copy_(backup * 1.5)" % ref)])
-        sk.add("step.after_loss", [L("%s.data = backup" % ref, *WRITE_KINDS, reference="%s.data.copy_(backup)" % ref)])
+        # After the restore, `backup` is the parameter's own memory again (the step writes it): in the
+        # reference too, so that only what the graph read can differ.
+        sk.add("step.after_loss", [L("%s.data = backup" % ref, *WRITE_KINDS,
+                                     reference="%s.data.copy_(backup); backup = %s.data" % (ref, ref))])
     else:
         sk.helper("perturbed", PERTURBED)
         sk.replace("step.forward", [L("with perturbed(%s):" % ref),

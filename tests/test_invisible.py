@@ -65,6 +65,9 @@ def _run(work, captured):
     torch.manual_seed(0)
     out = io.StringIO()
     result = exc = trace = None
+    # C++ warnings that torch gives once per process would otherwise reach only the first run.
+    warn_always = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with contextlib.redirect_stdout(out):
@@ -76,6 +79,8 @@ def _run(work, captured):
                     result = work()
             except Exception as e:  # compared below
                 exc = e
+            finally:
+                torch.set_warn_always(warn_always)
     return dict(
         result=result, out=out.getvalue(), trace=trace,
         error=None if exc is None else (type(exc), str(exc)),
@@ -248,6 +253,20 @@ def test_warnings_point_at_the_user_line():
     assert len(plain["warnings"]) == 3
     assert {(w[2], w[3]) for w in plain["warnings"]} == {
         (HERE, _warn_from_c_and_python.__code__.co_firstlineno + n) for n in (2, 3, 5)}
+
+
+def _float_of_a_loss_that_requires_grad():
+    loss = nn.Linear(2, 1)(torch.ones(2)).sum()
+    return float(loss)                    # a C++ warning that torch gives once per process
+
+
+def test_a_warning_torch_gives_once_per_process_is_shown_by_the_captured_run():
+    """Both runs see it (_run sets torch.set_warn_always), at the user's line: the capture neither
+    swallows it nor moves it."""
+    plain, captured = _assert_invisible(_float_of_a_loss_that_requires_grad)
+    assert [(w[0], w[2], w[3]) for w in plain["warnings"]] == [
+        (UserWarning, HERE, _float_of_a_loss_that_requires_grad.__code__.co_firstlineno + 2)]
+    assert "requires_grad=True to a scalar" in plain["warnings"][0][1]
 
 
 def _count_shown(work, action, module=None):

@@ -66,6 +66,10 @@ class GraphProbe:
         """After iteration 3 more nodes than after iteration 1, some of them run by a backward."""
         return self.sizes[2] > self.sizes[0] and self.already_run[2] > 0 and self.sizes[-1] > self.sizes[2]
 
+    def grows_from_the_second(self):
+        """After each iteration more nodes than after the one before, some of them run by a backward."""
+        return all(b > a for a, b in zip(self.sizes, self.sizes[1:])) and self.already_run[1] > 0
+
     def bounded(self):
         return max(self.sizes) == max(self.sizes[:3])
 
@@ -95,11 +99,11 @@ def _ignore(kept):
     return None
 
 
-def _accumulates(case, *args):
+def _accumulates(case, *args, growth=GraphProbe.grows):
     """The oracle says it grows; the capture says accumulated-graph. Returns the diagnosis."""
     probe = GraphProbe()
     probe.run(case, *args)
-    assert probe.grows(), probe.sizes
+    assert growth(probe), probe.sizes
     with ja.capture() as trace:
         case(*args, probe=_ignore)
     assert trace.warnings == []
@@ -168,11 +172,11 @@ class Trainer:
         self.history = []
 
     def step(self, x, y):
-        loss = F.mse_loss(self.model(x), y)  # CULPRIT
+        loss = F.mse_loss(self.model(x), y)
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
-        self.history.append(loss)  # kept whole: nothing links them, the list holds them
+        self.history.append(loss)  # CULPRIT: kept whole: nothing links them, the list holds them
         return loss
 
 
@@ -188,7 +192,7 @@ def history_on_a_trainer(data, probe):
 def test_losses_appended_to_a_list_on_a_helper_object_that_is_gone_by_the_end():
     d = _accumulates(history_on_a_trainer, _data())
     assert (d.line, d.tensor) == (_line_of(Trainer.step), "loss")
-    assert "loss.item()" in d.fix and "There is no one-line fix" in d.fix
+    assert "self.history.append(loss.detach())" in d.fix and ".item()" in d.fix
 
 
 def retained_totals_in_a_list(data, probe):
@@ -198,11 +202,11 @@ def retained_totals_in_a_list(data, probe):
     totals = []
     for x, y in data:
         features = trunk(x)
-        total = F.mse_loss(head_a(features), y) + head_b(features).abs().mean()  # CULPRIT
+        total = F.mse_loss(head_a(features), y) + head_b(features).abs().mean()
         opt.zero_grad()
         total.backward(retain_graph=True)
         opt.step()
-        totals.append(total)
+        totals.append(total)  # CULPRIT
         probe(totals)
 
 
@@ -315,7 +319,7 @@ class Evaluator:
         self.outputs = []
 
     def add(self, out):
-        self.outputs.append(out)
+        self.outputs.append(out)  # CULPRIT
 
 
 def outputs_kept_for_epoch_metrics(data, probe):
@@ -324,7 +328,7 @@ def outputs_kept_for_epoch_metrics(data, probe):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     evaluator = Evaluator()
     for x, y in data:
-        out = model(x)  # CULPRIT
+        out = model(x)
         loss = F.mse_loss(out, y)
         opt.zero_grad()
         loss.backward()
@@ -336,7 +340,223 @@ def outputs_kept_for_epoch_metrics(data, probe):
 
 def test_model_outputs_kept_for_an_epoch_metric():
     d = _accumulates(outputs_kept_for_epoch_metrics, _data())
-    assert (d.line, d.tensor) == (_line_of(outputs_kept_for_epoch_metrics), "out")
+    assert (d.line, d.tensor) == (_line_of(Evaluator.add), "out")
+    assert "self.outputs.append(out.detach())" in d.fix
+
+
+# -- accumulated-graph: the line that keeps them, from the second iteration on ----------------------
+
+class LossLog:
+    def __init__(self):
+        self.values = []
+
+    def update(self, value):
+        self.values.append(value)  # APPENDED
+
+
+def _step(model, opt, x, y):
+    loss = F.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def _trained(data):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), data
+
+
+def losses_in_a_list(iterations, data, probe):
+    model, opt, data = _trained(data)
+    history = []
+    for x, y in data[:iterations]:
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        history.append(loss)  # APPENDED
+        probe(history)
+
+
+def losses_in_a_dict_of_lists(iterations, data, probe):
+    model, opt, data = _trained(data)
+    logs = {}
+    for x, y in data[:iterations]:
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        logs.setdefault("loss", []).append(loss)  # APPENDED
+        probe(logs)
+
+
+def losses_given_to_a_helper(iterations, data, probe):
+    model, opt, data = _trained(data)
+    meter = LossLog()
+    for x, y in data[:iterations]:
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        meter.update(loss)
+        probe(meter.values)
+
+
+def losses_returned_by_a_step(iterations, data, probe):
+    model, opt, data = _trained(data)
+    history = []
+    for x, y in data[:iterations]:
+        loss = _step(model, opt, x, y)
+        history.append(loss)  # APPENDED
+        probe(history)
+
+
+def probabilities_appended_as_computed(iterations, data, probe):
+    model, opt, data = _trained(data)
+    probabilities = []
+    for x, y in data[:iterations]:
+        logits = model(x)
+        loss = F.mse_loss(logits, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        probabilities.append(torch.sigmoid(logits))  # APPENDED
+        probe(probabilities)
+
+
+@pytest.mark.parametrize("iterations", [2, 5])
+@pytest.mark.parametrize("case,marked,stored", [
+    (losses_in_a_list, losses_in_a_list, "loss"), (losses_in_a_dict_of_lists, losses_in_a_dict_of_lists, "loss"),
+    (losses_given_to_a_helper, LossLog.update, "value"), (losses_returned_by_a_step, losses_returned_by_a_step, "loss")])
+def test_losses_stored_in_a_container_are_named_where_they_are_stored(case, marked, stored, iterations):
+    """The accumulation is the statement that stores each loss, wherever it is (in the function
+    that made the loss, a helper it is passed to, the caller it is returned to), and two
+    iterations are enough: the container holds two graphs at the end, one after the first."""
+    d = _accumulates(case, iterations, _data(), growth=GraphProbe.grows_from_the_second)
+    assert (d.line, d.tensor) == (_line_of(marked, "# APPENDED"), "loss")
+    assert ".append(%s.detach())" % stored in d.fix
+
+
+@pytest.mark.parametrize("iterations", [3, 5])
+def test_results_appended_as_they_are_computed(iterations):
+    """A result with no name of its own, stored by the line that computes it. (From the third
+    iteration: a tensor made after the last backward call is looked at only when the block ends,
+    and by then the function that kept it has returned.)"""
+    d = _accumulates(probabilities_appended_as_computed, iterations, _data(), growth=GraphProbe.grows_from_the_second)
+    assert d.line == _line_of(probabilities_appended_as_computed, "# APPENDED")
+    assert "probabilities.append(torch.sigmoid(logits).detach())" in d.fix
+
+
+def previous_loss_for_two_iterations(data, probe):
+    """Two iterations, the earlier loss kept by a variable: never two graphs."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    previous = None
+    for x, y in data[:2]:
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if previous is not None:
+            print("improved by", (previous - loss).item())
+        previous = loss
+        probe(previous)
+
+
+def a_deque_of_one_for_two_iterations(data, probe, last=collections.deque(maxlen=1)):
+    """Two iterations, each loss appended to a deque of one that outlives the block: the
+    container the loss goes into never holds two graphs."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    last.clear()
+    for x, y in data[:2]:
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        last.append(loss)
+        probe(last)
+
+
+@pytest.mark.parametrize("case", [previous_loss_for_two_iterations, a_deque_of_one_for_two_iterations])
+def test_one_previous_loss_is_not_accumulation(case, capsys):
+    _fine(case, _data())
+
+
+# -- accumulated-graph: a carried state that every backward(retain_graph=True) runs again ---------
+
+class CarriedState(nn.Module):
+    """A recurrent state carried across training iterations without .detach(), kept where real code
+    keeps it, each backward keeping the graph (the usual wrong fix for "backward through the graph a
+    second time"): every backward runs again through every earlier iteration."""
+
+    def __init__(self, keep):
+        super().__init__()
+        self.enc, self.head, self.keep = nn.Linear(3, 4), nn.Linear(4, 1), keep
+        self.prev, self.memory, self.states = torch.zeros(4, 4), {"prev": torch.zeros(4, 4)}, [torch.zeros(4, 4)]
+
+    def forward(self, x):
+        z = self.enc(x)  # run again only because the state holds it: its new nodes never reach its old ones
+        if self.keep == "attribute":
+            h = torch.tanh(z + 0.5 * self.prev)  # CARRIED attribute
+            self.prev = h
+        elif self.keep == "dict, as a copy":
+            h = torch.tanh(z + 0.5 * self.memory["prev"])  # CARRIED dict, as a copy
+            self.memory["prev"] = h.clone()
+        else:
+            h = torch.tanh(z + 0.5 * self.states[-1])  # CARRIED list
+            self.states.append(h)
+        return self.head(h)
+
+    def kept(self):
+        return {"attribute": self.prev, "dict, as a copy": self.memory["prev"], "list": self.states}[self.keep]
+
+
+def carried_with_retained_graphs(keep, iterations, data, probe):
+    torch.manual_seed(0)
+    model = CarriedState(keep)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in data[:iterations]:
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward(retain_graph=True)
+        opt.step()
+        probe(model.kept())
+
+
+@pytest.mark.parametrize("iterations", [2, 5])
+@pytest.mark.parametrize("keep,state", [("attribute", "self.prev"), ("dict, as a copy", 'self.memory["prev"]'),
+                                        ("list", "h")])
+def test_a_carried_state_whose_graph_every_backward_runs_again(keep, state, iterations):
+    """Seen from the second backward call on, and said once: at the line that takes the state in, not
+    at `z = self.enc(x)`; the fix detaches the state the next iteration reads."""
+    d = _accumulates(carried_with_retained_graphs, keep, iterations, _data(), growth=GraphProbe.grows_from_the_second)
+    assert (d.line, d.tensor) == (_line_of(CarriedState.forward, "# CARRIED " + keep), "h")
+    assert "%d backward calls" % iterations in d.message
+    assert "%s = %s.detach()" % (state, state) in d.fix and "retain_graph=True" in d.fix
+
+
+def second_order_inner_steps(data, probe):
+    """MAML's inner steps: each gradient is taken with create_graph, and the outer backward runs
+    through every inner step on purpose."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in data:
+        weight, bias = model.weight, model.bias
+        for _ in range(3):
+            inner = F.mse_loss(F.linear(x, weight, bias), y)
+            grad_weight, grad_bias = torch.autograd.grad(inner, (weight, bias), create_graph=True)
+            weight, bias = weight - 0.1 * grad_weight, bias - 0.1 * grad_bias
+        outer = F.mse_loss(F.linear(x, weight, bias), y)
+        opt.zero_grad()
+        outer.backward()
+        opt.step()
+        probe(outer)
 
 
 # -- accumulated-graph: fine look-alikes -----------------------------------------------------------
@@ -437,7 +657,8 @@ def two_losses_on_one_trunk(data, probe):
 
 
 @pytest.mark.parametrize("case", [losses_as_numbers, microbatch_sum_reset_every_step, stacked_losses_backpropagated,
-                                  previous_loss_and_a_short_window, truncated_bptt_with_detach, two_losses_on_one_trunk])
+                                  previous_loss_and_a_short_window, truncated_bptt_with_detach, two_losses_on_one_trunk,
+                                  second_order_inner_steps])
 def test_what_does_not_grow_is_not_accumulation(case, capsys):
     _fine(case, _data(9))
 
@@ -456,14 +677,14 @@ def _long(steps, keep):
         x, y = torch.randn(4, 3), torch.randn(4, 1)
         total, history = 0.0, []
         for _ in range(steps):
-            loss = F.mse_loss(model(x), y)  # MADE
+            loss = F.mse_loss(model(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
             if keep == "sum":
                 total += loss  # SUMMED
             elif keep == "list":
-                history.append(loss)
+                history.append(loss)  # APPENDED
             else:
                 total += loss.item()
         return float(total) + len(history)
@@ -483,7 +704,7 @@ def test_a_folded_training_loop(keep, monkeypatch):
         assert trace.diagnoses == []
         return
     [d] = trace.diagnoses
-    marker = "# SUMMED" if keep == "sum" else "# MADE"
+    marker = "# SUMMED" if keep == "sum" else "# APPENDED"
     assert (d.kind, d.line, d.tensor) == ("accumulated-graph", _line_of(train, marker), "total" if keep == "sum" else "loss")
     assert "500 iterations" in d.message if keep == "sum" else "earlier iterations" in d.message
 

@@ -453,6 +453,85 @@ def test_a_swap_is_predicted_before_backward_runs():
     del loss
 
 
+# -- saved-tensor-modified at the block's end: only in a graph a backward could still run -------------
+# The end of the block predicts what a backward not yet called will meet. A kept output whose graph
+# shares a part that an earlier backward ran and freed (the class output of a second pass that only the
+# domain loss used, DANN's `_, domain_output = net(t_img)`) is a graph no backward can run: its
+# staleness after the step is no problem. The oracle, from plain PyTorch: without the step, a backward
+# from that output raises "backward through the graph a second time".
+
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(4, 6)
+        self.cls = nn.Linear(6, 3)
+        self.dom = nn.Linear(6, 2)
+
+    def forward(self, x):
+        feature = torch.relu(self.trunk(x))
+        return self.cls(feature), self.dom(feature)
+
+
+class Keeper:
+    last = None
+
+
+def second_pass_output_discarded(keep, step=True):
+    """(what the program keeps, the model): the class output of the target pass is kept by `keep`
+    ("local", "dict", "attribute"), never backpropagated; the step changes the weights it saved."""
+    torch.manual_seed(0)
+    model = TwoHeads()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    keeper, outputs, kept = Keeper(), {}, None
+    for _ in range(2):
+        source, target = torch.randn(5, 4), torch.randn(5, 4)
+        cls_out, dom_out = model(source)
+        if keep == "local":
+            kept, dom_target = model(target)
+        elif keep == "dict":
+            outputs["cls"], dom_target = model(target)
+        else:
+            keeper.last, dom_target = model(target)
+        loss = F.cross_entropy(cls_out, torch.zeros(5, dtype=torch.long)) + (dom_out - dom_target).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        if step:
+            opt.step()
+    return {"local": kept, "dict": outputs.get("cls"), "attribute": keeper.last}[keep], model
+
+
+@pytest.mark.parametrize("keep", ["local", "dict", "attribute"])
+def test_a_stale_output_whose_graph_a_backward_freed_is_fine(keep):
+    kept, _ = second_pass_output_discarded(keep, step=False)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        kept.sum().backward()  # the oracle: no backward can run this graph, step or not
+    trace, error, (kept, model) = run_captured(second_pass_output_discarded, keep)
+    assert error is None and trace.warnings == []
+    assert trace.diagnoses == [], trace.report()
+    assert model.cls.weight._version > 0  # the step did change what its graph saved
+
+
+def test_a_stale_output_never_backpropagated_is_still_predicted():
+    """The same step after a forward whose graph no backward ran: a backward from it would raise."""
+    def evaluated_before_the_step():
+        torch.manual_seed(0)
+        model = TwoHeads()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(5, 4)
+        cls_out, dom_out = model(x)
+        val_out, _ = model(torch.randn(5, 4))  # <kept-val>
+        (cls_out.pow(2).mean() + dom_out.pow(2).mean()).backward()
+        opt.step()  # <val-stepped>
+        return val_out
+
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        evaluated_before_the_step().sum().backward()
+    trace, error, val_out = run_captured(evaluated_before_the_step)
+    assert error is None
+    [d] = trace.diagnoses
+    assert (d.kind, d.line, d.predicted) == ("saved-tensor-modified", line_of("val-stepped"), True)
+
+
 # -- graph-cut: grad recording switched off and left off -------------------------------------------
 
 class Evaluator:

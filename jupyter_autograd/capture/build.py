@@ -101,6 +101,11 @@ def freeze(recorder, namespaces: Iterable[dict]):
                           None if fn is None else fn.name().rpartition("::")[2],
                           None if fn is None else graph_snapshot.node_key(fn, recorder), ref,
                           None if t.is_inference() else t._version, _elements(t))
+    try:
+        recorder.kept.look(recorder.refs, len(recorder.ops))  # kept to the end: alive now, made before the last backward
+    except Exception as exc:
+        recorder.lose("looking which tensors outlived their backward call at the end of the block", exc,
+                      "graphs kept to the end of the block were not looked for")
     trees = {}  # (id(module), name) -> _ModuleTree: the model is met by more than one of these
     names, module_names = {}, {}
     try:  # each part fails alone, and the trace says what it lost

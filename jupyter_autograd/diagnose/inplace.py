@@ -10,9 +10,10 @@ import bisect
 from typing import Dict, List, Optional, Tuple
 
 from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, also_changed, backward_outcome, code, counted,
-                     data_fix, data_swap_fix, describe_write, inplace_fix, leaf_fix, line_ref, where)
+                     data_fix, data_swap_fix, describe_write, inplace_fix, kept_fix, leaf_fix, line_ref, where)
 from ..model import DATA_SWAP, Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
-from .paths import engine_order, reachable
+from .paths import engine_order, leading_to, reachable
+from .stores import storing_line
 
 _LEAF_ERRORS = ("leaf Variable that requires grad is being used in an in-place operation",)
 # A call given `out=` refuses to run when any argument requires grad: a write into a leaf when the out
@@ -80,16 +81,16 @@ def _leaf_of(trace: Trace, t_id: int) -> Optional[int]:
 
 def _saved_tensor_writes(trace: Trace, ranks: Dict[int, tuple]) -> List[Diagnosis]:
     """A stale or overwritten saved tensor is a problem where a backward runs (or ran) its node:
-    the nodes of each backward call, and at the end of the block only graphs never
-    backpropagated. `ranks` gets, per diagnosis, when backward meets it (checkpoint, engine step)."""
+    the nodes of each backward call, and at the end of the block only graphs that no backward ran
+    from and that one still could (_runnable_roots). `ranks` gets, per diagnosis, when backward
+    meets it (checkpoint, engine step)."""
     found: Dict[Tuple, Diagnosis] = {}
     write_index = _WriteIndex(trace)
     for cp_number, cp in enumerate(trace.checkpoints):
         if cp.kind == "backward":
             position = {key: i for i, key in enumerate(engine_order(trace, cp))}
-        else:  # the graphs of live tensors that no backward ran from
-            position = {key: -key for key in reachable(trace, [r for r in cp.roots if r in trace.nodes
-                                                                and not trace.nodes[r].consumed_by])}
+        else:  # the graphs of live tensors that a backward not yet called could run
+            position = {key: -key for key in reachable(trace, _runnable_roots(trace, cp))}
         for slot in cp.slots:
             if slot.freed or slot.byte_range is None or slot.node not in position:
                 continue
@@ -123,6 +124,20 @@ def _saved_tensor_writes(trace: Trace, ranks: Dict[int, tuple]) -> List[Diagnosi
             found[key] = _saved_diagnosis(trace, kind, cp, slot, node, saved_op, culprit, affected)
             ranks[id(found[key])] = rank
     return _merge_same_write(trace, list(found.values()), ranks)
+
+
+def _runnable_roots(trace: Trace, cp: Checkpoint) -> List[int]:
+    """The roots, at the block's end, of graphs that no backward ran from and that a backward could
+    still run: not those reaching a node whose saved tensors an earlier backward freed (the class
+    output of a second pass whose trunk the loss backpropagated, `_, domain_output = net(t_img)`).
+    Nothing can backpropagate through such a graph, so what a later write did to it harms nobody."""
+    nodes = trace.nodes
+    roots = [r for r in cp.roots if r in nodes and not nodes[r].consumed_by]
+    freed = {slot.node for slot in cp.slots if slot.freed}
+    if not roots or not freed:
+        return roots
+    dead = leading_to(trace, reachable(trace, roots), freed)
+    return [r for r in roots if r not in dead]
 
 
 def _merge_same_write(trace: Trace, diagnoses: List[Diagnosis], ranks: Dict[int, tuple]) -> List[Diagnosis]:
@@ -531,15 +546,30 @@ def _kept_apart(trace: Trace, chains: _SideChains) -> Optional[Diagnosis]:
         makers[t_id] = maker
         by_line.setdefault(maker.location, []).append((t_id, at[first], at[last], bits))
     best = None
+    end = len(points) - 1
     for kept in by_line.values():
         spans = _held_steps(kept, current)
         peak = max(spans)
         i = max(j for j, span in enumerate(spans) if span == peak)
         before = max((span for span, step in zip(spans, current) if step <= current[i] // 2), default=0)
+        if peak <= before or not peak:
+            continue
+        last_made = max(kept, key=lambda entry: makers[entry[0]].index)[0]
+        stored = _stored_at(trace, makers[last_made], last_made)
+        # One earlier graph kept is a previous loss, unless each iteration's tensor goes into one
+        # container (two iterations of `history.append(loss)`) that, if still alive at the end, holds
+        # two graphs or more then.
+        # (Each kept past the backward of its own iteration: losses collected first, each backpropagated
+        # in a later step, are a queue, not this.)
+        alive_at_end = [bits for _, first, last, bits in kept if first <= end <= last]
+        held_at_end = sum(1 << step for bits in alive_at_end for step in _bit_positions(bits)).bit_count()
+        queued = any(chains.step_of(makers[t_id].index) < bits.bit_length() - 1 for t_id, _, _, bits in kept)
+        if peak < 2 and (stored is None or queued or alive_at_end and held_at_end < 2):
+            continue
         # Of lines that grow alike, the last one's tensors: a kept tensor keeps its history alive (the
         # activations its graph saved), not the other way round.
-        rank = (peak, max(makers[t_id].index for t_id, *_ in kept))
-        if peak >= 2 and peak > before and (best is None or rank > best[0]):
+        rank = (peak, makers[last_made].index)
+        if best is None or rank > best[0]:
             best = (rank, i, kept)
     if best is None:
         return None
@@ -547,27 +577,32 @@ def _kept_apart(trace: Trace, chains: _SideChains) -> Optional[Diagnosis]:
     group = [t_id for t_id, first, last, bits in kept if first <= i <= last and bits & ((1 << current[i]) - 1)]
     t_id = max(group, key=lambda t: makers[t].index)
     op = makers[t_id]
-    name = tensors[t_id].name or _assigned_name(trace, op) or trace.tensor_label(t_id)
+    stored, detached, stored_as = _stored_at(trace, op, t_id) or (None, "", "")
+    name = trace.tensors[t_id].name or _assigned_name(trace, op) or stored_as or trace.tensor_label(t_id)
     point = points[i]
     moment = "the end of the block" if point == len(ops) else "the backward call on " + line_ref(ops[point])
     message = (
-        "`%s`, made %s, is kept alive past its iteration: at %s, the `%s` of %d earlier iterations were "
-        "still alive, each still attached to the graph that a backward already ran. Something holds them (a "
-        "list, an attribute, a helper object); nothing will backpropagate through those graphs again, but none "
+        "`%s`, made %s, is kept alive past its iteration: at %s, the `%s` of %s still alive, %s attached to the "
+        "graph that a backward already ran. %s; nothing will backpropagate through those graphs again, but none "
         "can be freed, so memory grows with every iteration." % (
-            name, where(op).replace("Line", "on line", 1), moment, name, peak))
-    if all(part.isidentifier() for part in name.split(".")):
-        fix = ("%s wherever `%s` is kept past its iteration (appended to a list, stored on an object, passed to a "
-               "meter or a logger), keep `%s.item()` (a Python number) or `%s.detach()` instead of the tensor."
-               % (NO_ONE_LINE_FIX, name, name, name))
-    else:
-        fix = ("%s wherever this tensor is kept past its iteration (appended to a list, stored on an object, passed "
-               "to a meter or a logger), keep its `.item()` (a Python number) or its `.detach()` instead."
-               % NO_ONE_LINE_FIX)
+            name, where(op).replace("Line", "on line", 1), moment, name,
+            "1 earlier iteration was" if peak == 1 else "%d earlier iterations were" % peak,
+            "still" if peak == 1 else "each still",
+            "Line %d (`%s`) stores each of them" % (stored.line, stored.source) if stored is not None else
+            "Something holds them (a list, an attribute, a helper object)"))
+    fix = kept_fix(name, detached)
     diag = _diag(trace, "accumulated-graph", op, message, fix, tensor=name, tids=tuple(group))
+    if stored is not None:  # the accumulation: where the tensors are kept, not where each was made
+        diag.filename, diag.line, diag.source = stored.filename, stored.line, stored.source
     if op.node in nodes:
         diag.node_key, diag.node = op.node, nodes[op.node].name
     return diag
+
+
+def _stored_at(trace: Trace, op: OpRecord, t_id: int):
+    """The statement that adds the tensor to a container (stores.storing_line), by the name the
+    line that made it assigns."""
+    return storing_line(trace, op.location, _assigned_name(trace, op)) if op.location is not None else None
 
 
 def _held_steps(kept: List[tuple], current: List[int]) -> List[int]:
@@ -605,32 +640,46 @@ def _retained_history(trace: Trace) -> List[Diagnosis]:
     """The usual wrong fix for "backward through the graph a second time": a loop carries a
     tensor from one iteration into the next (`h = cell(x, h)`) and every backward keeps the graph
     (`retain_graph=True`). Nothing raises, but each backward runs again through every earlier
-    iteration. Seen in the graph: a node made by a line is run by three or more backward calls,
-    and the same line ran again between those calls, making nodes that later calls run again
-    too. Two or three losses on one trunk re-run its nodes within one iteration, with no new
-    execution of the trunk's lines in between: not this."""
-    nodes = trace.nodes
+    iteration. Seen in the graph from the second backward call on: a line made a node that a
+    backward keeping its graph ran; the line ran again, and its new nodes reach the old one, which
+    the next backward runs again with them: each iteration's graph holds the one before
+    (_carried). A line whose old nodes are run again only because a carried state holds them
+    (`z = self.enc(x)`: its new nodes do not reach them) carries nothing. The lines of one
+    recurrence are one problem, named at the first of them in an iteration: the line that takes in
+    what the iteration before left (`h = torch.tanh(z + self.prev)`, before `self.prev = h.clone()`).
+
+    Not this: two losses on one trunk (its nodes run again with no new execution of its line in
+    between), a backward that builds a graph of its own (create_graph: MAML's inner steps
+    differentiate through on purpose), a history cut now and then (a detach every k steps: the
+    first execution's nodes are not run by the last backward calls)."""
+    nodes, ops = trace.nodes, trace.ops
+    keeping = {cp.op_index for cp in trace.checkpoints if cp.kind == "backward" and cp.retain}
+    building = {n.created_by for n in nodes.values() if n.created_by is not None and ops[n.created_by].is_backward}
+    failed = {op.index for op in ops if op.is_backward and op.error is not None}
     made_by_line: Dict[object, List[Tuple[int, int]]] = {}
     for key, node in nodes.items():
-        if node.variable is not None or node.created_by is None or len(node.consumed_by) < 2:
+        if node.variable is not None or node.created_by is None or not node.consumed_by:
             continue
-        op = trace.ops[node.created_by]
+        op = ops[node.created_by]
         if op.location is not None and not op.is_backward:
             made_by_line.setdefault(op.location, []).append((node.created_by, key))
-    out = []
+    carried: Dict[object, Tuple[int, List[int], int]] = {}  # line -> _carried
     for loc, made in made_by_line.items():
         made.sort()
+        if max(nodes[made[0][1]].consumed_by) != max(max(nodes[k].consumed_by) for _, k in made):
+            continue  # the history is cut somewhere (a detach every k steps): it does not grow
+        found = _carried(trace, made, keeping - building, failed)
+        if found is not None:
+            carried[loc] = found
+    out = []
+    for group in _recurrences(trace, carried):
+        loc = min(group, key=lambda line: nodes[carried[line][0]].created_by)
+        old, new, taken_in = carried[loc]
+        made = made_by_line[loc]
         first_op, first_key = made[0]
         runs = sorted(nodes[first_key].consumed_by)
-        if len(runs) < 3:
-            continue
-        again = [(i, k) for i, k in made if runs[0] < i < runs[-1] and len(nodes[k].consumed_by) >= 2]
-        if len({nodes[k].consumed_by[0] for _, k in again}) < 2:
-            continue  # the line ran again, but its new nodes were not re-run across iterations
-        if runs[-1] != max(max(nodes[k].consumed_by) for _, k in made):
-            continue  # the history is cut somewhere (a detach every k steps): it does not grow
-        op = trace.ops[again[-1][0]]
-        last_backward = trace.ops[runs[-1]]
+        op = ops[max(nodes[k].created_by for k in new)]
+        last_backward = ops[runs[-1]]
         name = _assigned_name(trace, op)
         label = name or trace.tensor_label(op.outputs[0] if op.outputs else None)
         message = (
@@ -639,13 +688,16 @@ def _retained_history(trace: Trace) -> List[Diagnosis]:
             "nodes that %s made in its first execution were run by %d backward calls (the last at %s). Nothing "
             "raises, but every step is slower than the one before, memory grows with each iteration, and "
             "each step's gradients count the earlier iterations again." % (
-                label, where(trace.ops[first_op]).replace("Line", "line", 1), len(runs), line_ref(last_backward)))
-        if name and all(part.isidentifier() for part in name.split(".")):
+                label, where(ops[first_op]).replace("Line", "line", 1), len(runs), line_ref(last_backward)))
+        # What the next iteration takes in: where the line reads it (`self.prev`), else its name.
+        state = trace.tensors.get(taken_in)
+        state = _read_state(trace, op) or (state.name if state is not None and state.name else name)
+        if state and _is_expression(state):
             fix = ("%s detach the carried state at the start of each iteration (truncated backpropagation "
                    "through time), so each backward runs only its own iteration's graph:\n%s\n"
                    "then drop `retain_graph=True` from the backward call: it is needed only where two backward "
                    "calls run through the same graph on purpose." % (
-                       NO_ONE_LINE_FIX, code("%s = %s.detach()" % (name, name))))
+                       NO_ONE_LINE_FIX, code("%s = %s.detach()" % (state, state))))
         else:
             fix = ("%s detach the carried tensor (`.detach()`) at the start of each iteration and drop "
                    "`retain_graph=True` from the backward call." % NO_ONE_LINE_FIX)
@@ -655,11 +707,112 @@ def _retained_history(trace: Trace) -> List[Diagnosis]:
             diag.saved_line, diag.saved_filename, diag.saved_source = (
                 last_backward.location.line, last_backward.location.filename, last_backward.location.source)
         diag.saved_op_index = last_backward.index
-        first_node = trace.ops[first_op].node
+        first_node = ops[first_op].node
         diag.node_key = first_node if first_node in nodes else first_key
         diag.node = nodes[diag.node_key].name
         out.append(diag)
     return out
+
+
+def _read_state(trace: Trace, op: OpRecord) -> Optional[str]:
+    """The one attribute or element the line reads that the file also assigns (`self.prev` in
+    `h = torch.tanh(z + self.prev)`, with `self.prev = h` elsewhere): where the state is kept between
+    iterations."""
+    import ast
+
+    if op.location is None:
+        return None
+    try:
+        line = ast.parse(op.location.source)
+        whole = ast.parse("".join(trace.sources.get(op.location.filename, [])))
+    except (SyntaxError, ValueError):
+        return None
+    kinds = (ast.Attribute, ast.Subscript)
+    assigned = {ast.unparse(n) for n in ast.walk(whole) if isinstance(n, kinds) and isinstance(n.ctx, ast.Store)}
+    inner = {id(n.value) for n in ast.walk(line) if isinstance(n, kinds)}  # `self.states` in `self.states[-1]`
+    read = {ast.unparse(n): ast.get_source_segment(op.location.source, n) for n in ast.walk(line)
+            if isinstance(n, kinds) and isinstance(n.ctx, ast.Load) and id(n) not in inner}
+    found = [written for normal, written in read.items() if normal in assigned]
+    return found[0] if len(found) == 1 else None  # as the user wrote it
+
+
+def _is_expression(text: str) -> bool:
+    """A name, an attribute or an element (`h`, `self.prev`, `memory["prev"]`): what `x = x.detach()` can rebind."""
+    import ast
+
+    try:
+        node = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return False
+    return isinstance(node, (ast.Name, ast.Attribute, ast.Subscript))
+
+
+def _carried(trace: Trace, made: List[Tuple[int, int]], keeping: set, failed: set) -> Optional[Tuple[int, List[int], Optional[int]]]:
+    """(old node, new nodes, the tensor the new ones took in) when the line's nodes chain iterations:
+    its earliest node run again (by a backward that kept the graph and built none) is run by the next
+    backward together with nodes the line made in between, which reach it; the edge where they reach
+    into the earlier graph starts at the tensor carried over. One walk over one iteration's graph,
+    from the line's first node run again only: a line that carries does so from its first iteration."""
+    nodes, ops = trace.nodes, trace.ops
+    for _, old in made:
+        runs = sorted(nodes[old].consumed_by)
+        if len(runs) >= 2:
+            break
+    else:
+        return None
+    first, again = runs[0], runs[1]
+    if first not in keeping or again in failed:
+        return None
+    new = [k for i, k in made if first < i < again and again in nodes[k].consumed_by]
+    reaching, taken_in = [], None
+    for key in new:
+        between = _reach(trace, [key], old)
+        if old not in between:
+            continue
+        reaching.append(key)
+        if taken_in is None:
+            edge = next((j for k in between if nodes[k].created_by is not None and nodes[k].created_by > first
+                         for j in nodes[k].inputs if j in between and nodes[j].created_by is not None
+                         and nodes[j].created_by < first), None)
+            made_it = ops[nodes[edge].created_by] if edge is not None else None
+            taken_in = made_it.outputs[0] if made_it is not None and made_it.outputs else None
+    return (old, reaching, taken_in) if reaching else None
+
+
+def _reach(trace: Trace, starts: List[int], floor: int) -> set:
+    """The nodes reachable from `starts`, made no earlier than node `floor` (node keys grow as
+    nodes are made, and a node's inputs are older than it): the part of the graph between them."""
+    nodes = trace.nodes
+    seen: set = set()
+    stack = [k for k in starts if k in nodes]
+    while stack:
+        key = stack.pop()
+        if key in seen:
+            continue
+        seen.add(key)
+        stack.extend(k for k in nodes[key].inputs if k >= floor and k in nodes and k not in seen)
+    return seen
+
+
+def _recurrences(trace: Trace, carried: Dict[object, tuple]) -> List[List[object]]:
+    """The carrying lines grouped by recurrence: two lines are one when each one's new nodes reach
+    the other's old node (a state and its copy; two layers that each carry their own state are two)."""
+    lines = list(carried)
+    group = {line: i for i, line in enumerate(lines)}
+    for a_index, a in enumerate(lines):
+        for b in lines[a_index + 1:]:
+            if group[a] == group[b]:
+                continue
+            (old_a, new_a, _), (old_b, new_b, _) = carried[a], carried[b]
+            if old_b in _reach(trace, new_a, old_b) and old_a in _reach(trace, new_b, old_a):
+                merged, gone = group[a], group[b]
+                for line in lines:
+                    if group[line] == gone:
+                        group[line] = merged
+    out: Dict[int, List[object]] = {}
+    for line in lines:
+        out.setdefault(group[line], []).append(line)
+    return list(out.values())
 
 
 def _assigned_name(trace: Trace, op: OpRecord) -> Optional[str]:

@@ -15,11 +15,11 @@ class Trainer:
 
     def training_step(self, batch):
         x, y = batch
-        loss = nn.functional.mse_loss(self.model(x), y)  # @culprit
+        loss = nn.functional.mse_loss(self.model(x), y)
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
-        self.history.append(loss)
+        self.history.append(loss)  # @culprit
         return loss
 
 

@@ -15,8 +15,8 @@ totals = []
 for step in range(5):
     x, labels, targets = torch.randn(8, 6), torch.randint(0, 3, (8,)), torch.randn(8, 1)
     features = trunk(x)
-    total = nn.functional.cross_entropy(cls_head(features), labels) + nn.functional.mse_loss(reg_head(features), targets)  # @culprit
+    total = nn.functional.cross_entropy(cls_head(features), labels) + nn.functional.mse_loss(reg_head(features), targets)
     opt.zero_grad()
     total.backward(retain_graph=True)
     opt.step()
-    totals.append(total)
+    totals.append(total)  # @culprit
