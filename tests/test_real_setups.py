@@ -728,3 +728,50 @@ def test_parameters_an_fsdp_process_does_not_hold_are_not_called_unused(tmp_path
         assert named == set(seen["no_grad_here"]), (rank, named, seen["no_grad_here"])
         if use_orig_params:
             assert seen["sharded_away"]  # the case at stake: parameters held by the other process
+
+
+# -- a DDP script whose process group ends inside the block --------------------------------------
+
+_DDP_SCRIPT_IN_A_BLOCK = r'''
+import socket
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+import jupyter_autograd as ja
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def script():
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % free_port(), rank=0, world_size=1)
+    try:
+        model = DDP(nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 1)), find_unused_parameters=True)
+        model(torch.randn(3, 4)).pow(2).mean().backward()
+    finally:
+        dist.destroy_process_group()
+
+
+for _ in range(RUNS):
+    with ja.capture():
+        script()
+print("all ran")
+'''
+
+
+def test_a_ddp_script_that_destroys_its_group_inside_the_block_ends_every_time():
+    """The block holds the modules it called until its end, so it can drop the last reference to
+    a DDP's reducer after the script destroyed the process group: with a gloo worker still
+    finishing a collective, PyTorch then deadlocks (the worker waits for the GIL, the group's
+    destructor holds it and joins the worker). Without the tool the script lets go of the DDP
+    before destroying the group; under capture it must end as surely (it hung within 40 runs)."""
+    import subprocess
+
+    program = _DDP_SCRIPT_IN_A_BLOCK.replace("RUNS", "120")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=150,
+                          cwd=os.path.dirname(os.path.dirname(HERE)))
+    assert proc.returncode == 0 and "all ran" in proc.stdout, proc.stderr[-2000:]

@@ -147,6 +147,7 @@ def freeze(recorder, namespaces: Iterable[dict]):
                           "the parameters DDP waits for are not named in its errors")
     finally:
         recorder.user_globals = {}  # never hold the user's namespaces (or modules) past the block
+        distributed.before_release(recorder.modules)
         recorder.modules = {}
         recorder.open_calls = []
     recorder.nonfinite, recorder.grad_norms, recorder.leaf_norms = {}, {}, {}

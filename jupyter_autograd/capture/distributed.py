@@ -13,6 +13,7 @@ import ast
 import functools
 import linecache
 import sys
+import time
 import weakref
 
 import torch
@@ -129,6 +130,19 @@ def freeze(recorder, module_names, names):
                       bool(getattr(module, "find_unused_parameters", False))))
     recorder.ddp_built = {}
     recorder.distributed = found
+
+
+def before_release(modules) -> None:
+    """Called before the block lets go of the modules it called. PyTorch deadlocks when the last
+    reference to a DDP's reducer goes after its process group was destroyed while a gloo worker
+    still finishes a collective (an error in backward leaves one in flight): the worker waits for
+    the GIL to drop the work's thread-local state, and the group's destructor, run with the GIL
+    held, joins the worker. The block holds the modules until its end, so the last reference can be
+    ours: give the workers the GIL for a moment first (only then: no DDP, or its group alive)."""
+    if _DDP is None or torch.distributed.is_initialized():
+        return
+    if any(isinstance(module, _DDP) for module in modules.values()):
+        time.sleep(0.05)
 
 
 def models_of(recorder):
