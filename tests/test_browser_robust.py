@@ -132,4 +132,6 @@ def test_run_all_runs_the_cell_after_the_first_failing_autograd_cell(lab_with, p
     cells = page.locator(".jp-CodeCell")
     assert "RuntimeError" in cells.nth(1).locator(".jp-OutputArea").inner_text()
     cells.nth(1).locator(".ja-root .ja-diagnosis").first.wait_for(timeout=30_000)  # the report, drawn
-    assert "the next cell ran" in cells.nth(2).locator(".jp-OutputArea").inner_text()
+    states = page.evaluate("() => window.jupyterapp.shell.currentWidget.content.widgets.map("
+                           "(c) => [c.model.executionCount, c.model.executionState, c.model.outputs.length])")
+    assert "the next cell ran" in cells.nth(2).locator(".jp-OutputArea").inner_text(), states
