@@ -8,11 +8,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED_SCENARIOS = ROOT.parent / "shared" / "scenarios"
 SHARED_ERROR_SCENARIOS = ROOT.parent / "shared" / "scenarios-errors"
 OWN_SCENARIOS = ROOT / "tests" / "scenarios"
+REAL_CASES = ROOT / "tests" / "corpus"  # reduced from public bug reports (tests/corpus/SOURCES.md)
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def scenario_files():
-    files = sorted(OWN_SCENARIOS.glob("*.py"))
+def scenario_files(real_cases=True):
+    """Our scenarios, the real cases of tests/corpus (unless `real_cases` is false) and the shared corpora."""
+    files = sorted(OWN_SCENARIOS.glob("*.py")) + (sorted(REAL_CASES.glob("*.py")) if real_cases else [])
     for corpus in (SHARED_SCENARIOS, SHARED_ERROR_SCENARIOS):
         if corpus.is_dir():
             files += sorted(corpus.glob("*.py"))
