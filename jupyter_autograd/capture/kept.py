@@ -38,7 +38,11 @@ class KeptTensors:
             self.alive = still
         for t_id in range(self.looked, self.pending):
             t = refs[t_id]()
-            if t is not None and t.requires_grad and not t.is_leaf:
+            try:
+                kept = t is not None and t.requires_grad and not t.is_leaf
+            except RuntimeError:  # a view whose base was written under no_grad (FSDP's flat
+                continue          # parameters): reading its grad_fn raises, and so would any backward
+            if kept:
                 seen[t_id] = [op_index, op_index]
                 self.alive.append(t_id)
         self.looked, self.pending = self.pending, len(refs)
