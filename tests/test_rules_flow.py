@@ -1118,3 +1118,43 @@ def test_missing_grad_in_a_folded_training_loop(monkeypatch):
     assert recorder.folded > 100 and policy.weight.grad is None
     [d] = trace.diagnoses
     assert (d.kind, d.line, d.tensor) == ("missing-grad", _line_of(train), "policy.weight")
+
+
+# -- a sliding window is bounded ----------------------------------------------------------------
+
+class RecentLosses:
+    """A meter that keeps the last few loss tensors (a deque with maxlen), for a smoothed value."""
+
+    def __init__(self, window):
+        from collections import deque
+
+        self.recent = deque(maxlen=window)
+
+    def push(self, loss):
+        self.recent.append(loss * 1.0)
+
+
+def train_with_a_window(window, probe, steps=6):
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    smoothing = RecentLosses(window)
+    for _ in range(steps):
+        loss = net(torch.randn(4, 3)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        smoothing.push(loss)
+        probe(list(smoothing.recent))
+    return smoothing
+
+
+@pytest.mark.parametrize("window, steps", [(3, 5), (4, 8)])
+def test_a_window_of_recent_losses_is_bounded_and_fine(window, steps):
+    """A window's graphs stop growing once it is full, however few steps ran past that."""
+    sizes = []
+    train_with_a_window(window, lambda kept: sizes.append(len(_reachable(kept))), steps)
+    assert sizes[window - 1] == sizes[-1] > sizes[0], sizes  # the oracle: the graph it holds stops growing
+    with ja.capture() as trace:
+        train_with_a_window(window, _ignore, steps)
+    assert [p for p in _problems(trace) if p[0] == "accumulated-graph"] == [], trace.report()

@@ -549,6 +549,8 @@ def _kept_apart(trace: Trace, chains: _SideChains) -> Optional[Diagnosis]:
     end = len(points) - 1
     for kept in by_line.values():
         spans = _held_steps(kept, current)
+        if spans and spans[-1] < 0:
+            continue  # a window (a deque with maxlen): it let an earlier step's graph go, and keeps later ones
         peak = max(spans)
         i = max(j for j, span in enumerate(spans) if span == peak)
         before = max((span for span, step in zip(spans, current) if step <= current[i] // 2), default=0)
@@ -606,7 +608,9 @@ def _stored_at(trace: Trace, op: OpRecord, t_id: int):
 
 
 def _held_steps(kept: List[tuple], current: List[int]) -> List[int]:
-    """Per point, how many steps before the current one the kept tensors alive there hold graphs of."""
+    """Per point, how many steps before the current one the kept tensors alive there hold graphs of.
+    A single -1 when they hold a sliding window instead: a step's graph was let go while a later
+    step's was still kept (what grows keeps every step it took in; a new total holds the old one's)."""
     starts: Dict[int, List[int]] = {}
     ends: Dict[int, List[int]] = {}
     for _, first, last, bits in kept:
@@ -620,10 +624,14 @@ def _held_steps(kept: List[tuple], current: List[int]) -> List[int]:
             active[step] = active.get(step, 0) + 1
         # Kept tensors are older than the point: only the current step's can be among them.
         spans.append(len(active) - (now in active))
+        gone = []
         for step in ends.get(i, ()):
             active[step] -= 1
             if not active[step]:
                 del active[step]
+                gone.append(step)
+        if gone and active and min(gone) < max(active):
+            return [-1]
     return spans
 
 
