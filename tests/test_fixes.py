@@ -34,8 +34,7 @@ from jupyter_autograd.model import PROBLEM_KINDS
 from . import scenario_runner as runner
 from .conftest import OWN_SCENARIOS, scenario_files
 
-# The real cases (tests/corpus) are judged by test_scenarios; their fixes are not all applied here yet.
-FILES = scenario_files(real_cases=False)
+FILES = scenario_files()
 _RUNS = {}
 
 
@@ -166,13 +165,15 @@ def check_code(block, user_names, where):
                 check_method(node.func.attr, where)
 
 
-def check_prose(fix, where):
-    """Names in backticks are real: `.item()`, `x.detach()`, `torch.autograd.graph....()`."""
+def check_prose(fix, where, user_names=frozenset()):
+    """Names in backticks are real: `.item()`, `x.detach()`, `torch.autograd.graph....()`, or the
+    program's own (a quoted line calling `self.main(x)`, an attribute the program sets)."""
     for span in re.findall(r"`([^`\n]+)`", fix):
         for chain in re.findall(r"(?<![\w.])((?:torch|nn|F)(?:\.\w+)+)", span):
             check_module_path(chain.split("."), where)
         for method in re.findall(r"(?<!torch)(?<!nn)(?<!\bF)\.(\w+)\(", span):
-            if not re.search(r"(?:torch|nn|F)(?:\.\w+)*\.%s\(" % re.escape(method), span):
+            if not re.search(r"(?:torch|nn|F)(?:\.\w+)*\.%s\(" % re.escape(method), span) and \
+                    "." + method not in user_names:
                 check_method(method, where)
 
 
@@ -192,7 +193,9 @@ def _replace_line(source, line, new_lines):
 def run(source, path, captured=False):
     """runner.execute, keeping the program's variables: (exception, gradients, tensors, trace).
 
-    The tensors a program ends with are compared too: `torch.autograd.grad` leaves no `.grad`."""
+    The tensors a program ends with are compared too: `torch.autograd.grad` leaves no `.grad`, and a
+    training loop that ends with `zero_grad()` leaves none either, but its models' weights (and
+    buffers) carry every step's gradients."""
     torch.manual_seed(1234)
     ns = {"__name__": "__main__", "__file__": str(path)}
     code = compile(source, str(path), "exec")
@@ -208,6 +211,9 @@ def run(source, path, captured=False):
         runner.let_collectives_finish(source)
     tensors = {k: v.detach().reshape(-1).tolist() for k, v in ns.items()
                if isinstance(v, torch.Tensor) and not k.startswith("_")}
+    for k, v in list(ns.items()):
+        if isinstance(v, nn.Module) and not k.startswith("_"):
+            tensors.update(("%s.%s" % (k, n), t.detach().reshape(-1).tolist()) for n, t in v.state_dict().items())
     return exc, runner.grads(ns), tensors, trace
 
 
@@ -243,7 +249,7 @@ def test_every_fix_is_valid_code_naming_real_methods(path):
     for d in problems(trace):
         where = "%s line %s (%s)" % (path.name, d.line, d.kind)
         assert d.fix.strip(), where + ": empty fix"
-        check_prose(d.fix, where)
+        check_prose(d.fix, where, user_names)
         for _, block in code_blocks(d.fix):
             check_code(block, user_names, where)
         block = replacement(d.fix) or line_replacement(d.fix)
