@@ -50,33 +50,44 @@ def code(block: str) -> str:
 
 
 def leaf_fix(text: str, name: str) -> str:
+    # A label that describes the tensor (no name found) is no code: it is not quoted as code.
+    shown = "`%s`" % name if _is_code_name(name) else "the tensor"
     copied = _out_as_copy(text) if "out=" in text else None
     if copied:
         # Under no_grad an `out=` call still writes, but it also clears the leaf's requires_grad: the
         # parameter would silently stop training. Copying the result in keeps it a trainable leaf.
-        return ("Compute the values without `out=` and copy them in without recording it, before `%s` is used "
-                "(an `out=` call under `torch.no_grad()` would also switch off `%s.requires_grad`). %s\n%s"
-                % (name, _expr(name), REPLACE, code("with torch.no_grad():\n    " + copied)))
+        return ("Compute the values without `out=` and copy them in without recording it, before %s is used "
+                "(an `out=` call under `torch.no_grad()` would also switch off its `requires_grad`). %s\n%s"
+                % (shown, REPLACE, code("with torch.no_grad():\n    " + copied)))
     if text and _is_simple_statement(text):
-        return ("Make the change without recording it, before `%s` is used. %s\n%s\n"
-                "(or make it before setting requires_grad=True, or through `%s.detach()`)."
-                % (name, REPLACE, code("with torch.no_grad():\n    " + text), _expr(name)))
+        return ("Make the change without recording it, before %s is used. %s\n%s\n"
+                "(or make it before setting requires_grad=True, or through %s)."
+                % (shown, REPLACE, code("with torch.no_grad():\n    " + text),
+                   "`%s.detach()`" % _expr(name) if _is_code_name(name) else "its `.detach()`"))
     return "Wrap the in-place change in `with torch.no_grad():`, before the tensor is used."
 
 
 def _out_as_copy(text: str) -> Optional[str]:
     """`torch.arange(n, out=self.freq)` -> `self.freq.copy_(torch.arange(n))`: the one call given
-    `out=` computes its result, which is copied into the out tensor; None when that is not the line."""
+    `out=` computes its result, which is copied into the out tensor. `copy_` returns the tensor, as an
+    `out=` call does, so the call may sit anywhere in the statement (`torch.arange(n, out=f).mul_(PI)`
+    -> `f.copy_(torch.arange(n)).mul_(PI)`). None when that is not the line."""
     stmt = _single_statement(text)
-    if not isinstance(stmt, (ast.Expr, ast.Assign)) or not isinstance(stmt.value, ast.Call):
+    if stmt is None:
         return None
-    call = stmt.value
-    outs = [k for k in call.keywords if k.arg == "out"]
-    if len(outs) != 1 or isinstance(outs[0].value, (ast.Tuple, ast.List)):
+    calls = [node for node in ast.walk(stmt) if isinstance(node, ast.Call)
+             and any(k.arg == "out" for k in node.keywords)]
+    if len(calls) != 1:
+        return None
+    call = calls[0]
+    out = next(k.value for k in call.keywords if k.arg == "out")
+    if isinstance(out, (ast.Tuple, ast.List)):
         return None
     call.keywords = [k for k in call.keywords if k.arg != "out"]
-    stmt.value = ast.Call(func=ast.Attribute(value=outs[0].value, attr="copy_", ctx=ast.Load()), args=[call],
-                          keywords=[])
+    copied = ast.Call(func=ast.Attribute(value=out, attr="copy_", ctx=ast.Load()),
+                      args=[ast.Call(func=call.func, args=call.args, keywords=call.keywords)], keywords=[])
+    # The call node becomes the copy in place, wherever the statement holds it.
+    call.func, call.args, call.keywords = copied.func, copied.args, copied.keywords
     return ast.unparse(stmt)
 
 
