@@ -103,6 +103,26 @@ def accumulation_fix(src: str, linked_name: str, linked_known: bool) -> str:
         _expr(linked_name), _expr(linked_name))
 
 
+def without_graph(head: str, value: str, tail: str, arguments=frozenset()) -> str:
+    """The statement `head + value + tail` keeping `value` without its graph: `(val * n).detach()`.
+    A value read from an argument of the function may be a Python number on other calls (a meter fed
+    `loss.item()` and loss tensors alike), which has no `.detach()`: then only a tensor is detached,
+    the value computed once (`_kept = val * n` on a line before)."""
+    try:
+        tree = ast.parse(value.strip(), mode="eval").body
+    except SyntaxError:
+        return ""
+    if not arguments & {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}:
+        primary = isinstance(tree, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
+        return head + (value if primary else "(%s)" % value) + ".detach()" + tail
+    kept = value if isinstance(tree, ast.Name) else "_kept"
+    guarded = "%s.detach() if isinstance(%s, torch.Tensor) else %s" % (kept, kept, kept)
+    # Parenthesized unless it is a whole right-hand side or a call's only argument.
+    if not (tail == "" or head.endswith("(") and tail.startswith(")")):
+        guarded = "(%s)" % guarded
+    return head + guarded + tail if kept == value else "%s = %s\n%s%s%s" % (kept, value, head, guarded, tail)
+
+
 def kept_fix(name: str, detached: str) -> str:
     """Tensors kept past their iteration whole (a list of losses): keep them without their graphs,
     at the statement that stores them (`detached`: that statement with `.detach()`), if known."""
@@ -203,7 +223,7 @@ def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[
                    line_ref(save) if save is not None else "the tensor is saved", copy, SAVED_COPY_REMEDY))
     rewritten = out_of_place(src) or copy_before_write(src)
     target = _rebound_name(rewritten) if rewritten else None
-    if target and not (op.location and target in _arguments_of(trace, op.location)):
+    if target and not (op.location and target in arguments_of(trace, op.location)):
         held = _held_elsewhere(trace, written, target)
         if held:
             return _alias_write_fix(trace, op, target, held, save)
@@ -215,7 +235,7 @@ def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[
     if copied:
         target = copied.partition(" = ")[0]
         handed_back = ""
-        if op.location and target in _arguments_of(trace, op.location) and \
+        if op.location and target in arguments_of(trace, op.location) and \
                 not _returns_later(trace, op.location, target):
             # Rebinding an argument changes nothing outside: the copy has to be handed back.
             function = op.location.function
@@ -365,7 +385,7 @@ def _input_unread_after(trace: Trace, op: OpRecord, path: str):
     arg = value.args[0]
     if not isinstance(arg, ast.Name):
         return True, None
-    if op.location and arg.id in _arguments_of(trace, op.location):
+    if op.location and arg.id in arguments_of(trace, op.location):
         return False, arg.id
     rebound = isinstance(stmt, ast.Assign) and [ast.unparse(t) for t in stmt.targets] == [arg.id]
     return (True, None) if rebound or isinstance(stmt, ast.Return) else (False, arg.id)
@@ -661,7 +681,7 @@ def _code(text: str) -> str:
     return text.split("#", 1)[0].strip()
 
 
-def _arguments_of(trace: Trace, location) -> frozenset:
+def arguments_of(trace: Trace, location) -> frozenset:
     """The parameter names of the function whose line this is; empty when they cannot be read."""
     found = _function_of(trace, location)
     if found is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 from typing import Iterator, List, Optional, Tuple
 
+from ..fixes import without_graph
 from ..model import Location, Trace
 
 # Calls that add their argument to a container (list, deque, set) without replacing what it holds.
@@ -39,7 +40,12 @@ def storing_line(trace: Trace, made_at: Location, name: Optional[str]) -> Option
     if text and end_line == line:
         raw, (start, end) = text.encode(), columns  # the parser's columns count UTF-8 bytes
         stored = raw[start:end].decode()
-        detached = (raw[:start] + raw[start:end] + b".detach()" + raw[end:]).decode().strip()
+        scope = _innermost_scope(trees[filename], line)
+        arguments = frozenset(a.arg for a in ast.walk(scope.args) if isinstance(a, ast.arg)) \
+            if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else frozenset()
+        indent = len(text) - len(text.lstrip())
+        detached = without_graph(raw[indent:start].decode(), raw[start:end].decode(), raw[end:].decode().rstrip(),
+                                 arguments)
     where = Location(filename, line, made_at.function if filename == made_at.filename else "", text.strip())
     return where, detached, stored
 
