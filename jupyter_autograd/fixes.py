@@ -827,9 +827,11 @@ def inference_tensor_fix(name: Optional[str]) -> str:
     return head + " Or `.clone()` it outside inference mode before the part that trains uses it."
 
 
-def nonleaf_requires_grad_fix(src: str, name: Optional[str]) -> str:
+def nonleaf_requires_grad_fix(src: str, name: Optional[str], also_set: int = 0) -> str:
     """`x.requires_grad = True` on a tensor with a history (see errors.nonleaf_requires_grad): make a leaf
-    of it, `x = x.detach().requires_grad_()`; for False, `x = x.detach()`."""
+    of it, `x = x.detach().requires_grad_()`; for False, `x = x.detach()`. Not where the line also set
+    the flag of `also_set` other tensors (leaves): rebinding its name to a copy would drop the change
+    for them, the line's purpose."""
     stmt = _single_statement(src)
     target, flag = None, None
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Attribute) \
@@ -846,6 +848,15 @@ def nonleaf_requires_grad_fix(src: str, name: Optional[str]) -> str:
                 "assigned where the code reads it; to read the gradient of the non-leaf itself, call `.retain_grad()` "
                 "on it before backward." % (NO_ONE_LINE_FIX, name, _expr(name) if _is_code_name(name) else "x"))
     expr = ast.unparse(target)
+    if also_set:
+        held = "`%s`" % _expr(name) if _is_code_name(name) and name != expr else "it"
+        return ("%s this line also sets requires_grad of %d other tensor%s (leaves, for which it works): rebinding "
+                "`%s` to a copy would take the change away from them, and would not reach the code that holds %s. "
+                "Hand this code a tensor that is a leaf: %s where it is made or passed in, or leave tensors that "
+                "are not leaves (`%s.is_leaf` is False) out of it."
+                % (NO_ONE_LINE_FIX, also_set, "" if also_set == 1 else "s", expr, held,
+                   "`%s`" % (("%s.detach()" if not flag else "%s.detach().requires_grad_()") % _expr(name))
+                   if _is_code_name(name) else "a detached copy", expr))
     if flag:
         return ("Make it a new leaf with the same values: backward then stores its gradient in `%s.grad`, and the "
                 "history before it is dropped, which is what setting requires_grad asks for. %s\n%s\n"

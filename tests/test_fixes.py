@@ -13,7 +13,7 @@ made independently of the fix text:
 * accumulated-graph: the program itself (keeping the graphs alive changes no gradient).
 
 A kind with no clean program here (the ones added later) still has to run without an exception
-and without the problem, and give finite gradients.
+and without the problem, and give finite gradients (or, with torch.autograd.grad, finite results).
 """
 import ast
 import builtins
@@ -287,8 +287,11 @@ def test_one_line_fix_removes_the_problem_and_gives_the_clean_gradients(path):
         clean = clean_run(sc, d)
         if clean is None:
             assert exc is None, "%s: the fixed program raises %s" % (path.name, exc)
-            assert grads and all(math.isfinite(v) for g in grads.values() for v in g), (
-                "%s: the fixed program's gradients are missing or not finite: %s" % (path.name, grads))
+            # Gradients taken by torch.autograd.grad leave no .grad: then what the program ends with, made
+            # from them (an adversarial image), has to be there and finite.
+            ends_with = grads or tensors
+            assert ends_with and all(math.isfinite(v) for g in ends_with.values() for v in g), (
+                "%s: the fixed program's gradients are missing or not finite: %s" % (path.name, ends_with))
         else:
             clean_exc, clean_grads, clean_tensors = clean
             assert exc == clean_exc, "%s: fixed program: %s; clean program: %s" % (path.name, exc, clean_exc)
@@ -643,3 +646,37 @@ def test_a_value_kept_without_its_graph_may_be_a_number_when_handed_in():
         exec(block, ns)
         (kept,) = ns["history"]
         assert kept == 6.0 and type(kept) is type(value) and getattr(kept, "grad_fn", None) is None, block
+
+
+FREEZE_A_MIX = """
+    import torch
+    from torch import nn
+
+
+    def freeze(tensors):
+        for t in tensors.values():
+            t.requires_grad = False
+
+
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1)
+    x = torch.ones(3, requires_grad=True)
+    feats = {"w": net.weight, "b": net.bias, "scaled": x * 2}
+    freeze(feats)
+    frozen = torch.tensor([p.requires_grad for p in net.parameters()])
+"""
+
+
+def test_a_flag_set_by_a_line_that_also_sets_it_on_leaves_is_not_rebound(tmp_path):
+    source, path = _program(tmp_path, FREEZE_A_MIX)
+    exc, _, _, trace = run(source, path, captured=True)
+    assert exc is not None and "leaf variables" in exc[1]
+    (d,) = problems(trace)
+    assert d.kind == "nonleaf-requires-grad" and d.line == 7
+    assert replacement(d.fix) is None and fixes.NO_ONE_LINE_FIX in d.fix and "`scaled`" not in d.fix, d.fix
+    # Rebinding `t` runs, but takes the change away from the leaves it was meant for ...
+    rebound = run(_replace_line(source, 7, ["t = t.detach()"]), path)
+    assert rebound[0] is None and rebound[2]["frozen"] == [True, True]
+    # ... which handing the helper a leaf, as the fix says, keeps.
+    handed = run(source.replace('"scaled": x * 2', '"scaled": (x * 2).detach()'), path)
+    assert handed[0] is None and handed[2]["frozen"] == [False, False]
