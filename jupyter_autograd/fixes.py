@@ -267,9 +267,37 @@ def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[
         return ("%s %s runs `%s(..., inplace=True)` inside this call. Build the model with the out-of-place "
                 "form instead:%s(or pass `inplace=False` to `%s`).%s"
                 % (NO_ONE_LINE_FIX, where(op), op.name, example, op.name, before))
+    read_copy = _read_a_copy(trace, save, name, written)
+    if read_copy:
+        # The write stays (a module's buffer, state that later code reads): the op that saved the
+        # tensor reads a copy of it instead, with the same values, which the write leaves alone.
+        return ("%s changes the saved tensor in place with %s, and the write is the program's state: keep it, and "
+                "let %s read a copy, which backward then uses. %s\n%s\n%s"
+                % (where(op), describe_write(op), line_ref(save),
+                   REPLACE_LINE % (save.location.line, trace.file_label(save.location.filename)), code(read_copy),
+                   SAVED_COPY_REMEDY))
     return ("%s changes the saved tensor in place with %s. Use the out-of-place form of that operation, "
             "or `.clone()` the tensor before changing it.%s\n%s"
             % (where(op), describe_write(op), before, SAVED_COPY_REMEDY))
+
+
+def _read_a_copy(trace: Trace, save: Optional[OpRecord], name: str, written: Optional[int]) -> Optional[str]:
+    """The line of the op that saved the written tensor, reading `name.clone()` where it reads `name`:
+    only where the op took that very tensor and its line names it once (`torch.einsum(..., [q, self.queue])`)."""
+    if save is None or save.location is None or written is None or written not in save.inputs or \
+            not _is_code_name(name):
+        return None
+    src = save.location.source or ""
+    stmt = _single_statement(src)
+    if stmt is None:
+        return None
+    reads = [node for node in ast.walk(stmt) if isinstance(node, (ast.Name, ast.Attribute))
+             and isinstance(node.ctx, ast.Load) and ast.unparse(node) == name]
+    if len(reads) != 1 or reads[0].lineno != 1:
+        return None
+    raw = src.strip().encode("utf-8")
+    start, end = reads[0].col_offset, reads[0].end_col_offset
+    return (raw[:end] + b".clone()" + raw[end:]).decode("utf-8")
 
 
 # The nn modules whose functional form was called with inplace=True.

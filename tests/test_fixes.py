@@ -6,8 +6,11 @@ the fix is a drop-in replacement of the culprit line, it is applied to the scena
 is then gone, and backward gives the gradients of the clean program, which for each kind is
 made independently of the fix text:
 
-* saved-tensor-modified: the program itself under PyTorch's own remedy,
-  `torch.autograd.graph.allow_mutation_on_saved_tensors()` (backward sees the saved values);
+* saved-tensor-modified: the program itself, each tensor copied when autograd saves it
+  (`torch.autograd.graph.saved_tensors_hooks`: backward sees the saved values). PyTorch's own
+  remedy, `allow_mutation_on_saved_tensors()`, is meant for one forward and backward: over a
+  training loop it gives a second step the copy made in the first while that graph is alive
+  (a MoCo queue written each step: other gradients than the write moved after the backward);
 * silent-data-mutation: the same, with `.data` taken as `.detach()` so PyTorch sees the write;
 * leaf-inplace: the culprit line run with grad mode off (`torch.set_grad_enabled(False)`);
 * accumulated-graph: the program itself (keeping the graphs alive changes no gradient).
@@ -217,6 +220,11 @@ def run(source, path, captured=False):
     return exc, runner.grads(ns), tensors, trace
 
 
+def saved_values_kept():
+    """Backward sees the values the forward pass saved, whatever is written to them later."""
+    return torch.autograd.graph.saved_tensors_hooks(lambda saved: saved.clone(), lambda copy: copy)
+
+
 def clean_run(sc, diag):
     """(exception, gradients, tensors) of the clean program, or None where there is none for the kind."""
     if diag.kind == "saved-tensor-modified":
@@ -235,7 +243,7 @@ def clean_run(sc, diag):
     else:
         return None
     if diag.kind in ("saved-tensor-modified", "silent-data-mutation"):
-        with torch.autograd.graph.allow_mutation_on_saved_tensors():
+        with saved_values_kept():
             return run(source, sc.path)[:3]
     return run(source, sc.path)[:3]
 
@@ -464,8 +472,8 @@ def _the_fix(source, path):
 
 
 def _clean(source, path):
-    """The program as PyTorch runs it when a saved tensor may change (its own remedy)."""
-    with torch.autograd.graph.allow_mutation_on_saved_tensors():
+    """The program with backward seeing the values the forward pass saved."""
+    with saved_values_kept():
         return run(source, path)[:3]
 
 
@@ -680,3 +688,50 @@ def test_a_flag_set_by_a_line_that_also_sets_it_on_leaves_is_not_rebound(tmp_pat
     # ... which handing the helper a leaf, as the fix says, keeps.
     handed = run(source.replace('"scaled": x * 2', '"scaled": (x * 2).detach()'), path)
     assert handed[0] is None and handed[2]["frozen"] == [False, False]
+
+
+MEMORY_BANK = """
+    import torch
+    from torch import nn
+
+
+    class Memory(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(3, 3)
+            self.register_buffer("bank", torch.randn(3, 5))
+
+        @torch.no_grad()
+        def decay(self):
+            self.bank.mul_(0.9)
+
+        def forward(self, x):
+            scores = self.proj(x) @ self.bank
+            self.decay()
+            return scores
+
+
+    torch.manual_seed(0)
+    memory = Memory()
+    opt = torch.optim.SGD(memory.parameters(), lr=0.1)
+    for step in range(3):
+        loss = memory(torch.randn(2, 3)).pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_a_buffer_the_forward_updates_is_read_as_a_copy_where_it_is_saved(tmp_path):
+    source, path = _program(tmp_path, MEMORY_BANK, "memory.py")
+    d, outcome = _the_fix(source, path)
+    assert outcome[0] is not None and d.kind == "saved-tensor-modified" and d.line == 13
+    line, label, block = line_replacement(d.fix)
+    assert (line, label, block) == (16, "memory.py", "scores = self.proj(x) @ self.bank.clone()"), d.fix
+    exc, grads, tensors, after = run(apply_fix(d, source, path), path, captured=True)
+    assert not problems(after)
+    # The oracle: the decay moved after each backward, where no graph needs the old values.
+    moved = source.replace("        self.decay()\n", "").replace("    opt.step()\n", "    opt.step()\n    memory.decay()\n")
+    assert "self.decay()" not in moved and "memory.decay()" in moved
+    _assert_same((exc, grads, tensors), run(moved, path)[:3], "memory.py")
+    assert "memory.bank" in tensors
