@@ -16,6 +16,8 @@ tests/test_fixes.py checks on every scenario (and that every new kind of diagnos
   "Replace line N of FILE with:" (`REPLACE_LINE`; FILE as `Trace.file_label` names it, N its line
   number there) replaces that line, re-indented to its indentation: the same whole fix, for a
   mistake made where something was built (`nn.ReLU(inplace=True)` in a model's `__init__`).
+  "Replace lines N to M of FILE with:" (`REPLACE_LINES`) replaces those lines, the culprit's first,
+  for a change that the lines right after the culprit make too (two edits of one weight).
 * The program's meaning stays. A replacement computes what the program meant: it may stop a
   write that broke backward, never drop it (rebinding a name that is only an alias of a module's
   buffer leaves the buffer as it was) or stop a change that other code reads.
@@ -36,6 +38,7 @@ from .model import OpRecord, Trace
 
 REPLACE = "Replace the culprit line with:"
 REPLACE_LINE = "Replace line %d of %s with:"
+REPLACE_LINES = "Replace lines %d to %d of %s with:"
 NO_ONE_LINE_FIX = "There is no one-line fix:"
 SAVED_COPY_REMEDY = (
     "If the in-place write has to stay, PyTorch can keep the old value for backward: run both the forward "
@@ -49,9 +52,19 @@ def code(block: str) -> str:
     return "\n".join("    " + line if line else "" for line in block.splitlines())
 
 
-def leaf_fix(text: str, name: str) -> str:
+def leaf_fix(text: str, name: str, following=(), place: Tuple[int, str] = (0, "")) -> str:
+    """`following`: the lines right after the culprit (at `place`, its line and file label) that
+    write into the same tensor too: the change they make together goes under no_grad together."""
     # A label that describes the tensor (no name found) is no code: it is not quoted as code.
     shown = "`%s`" % name if _is_code_name(name) else "the tensor"
+    if following and text and _is_simple_statement(text):
+        line, label = place
+        return ("Make the change without recording it, before %s is used: %s after it write%s into it "
+                "too. %s\n%s\n(or make it before setting requires_grad=True)."
+                % (shown, "the line" if len(following) == 1 else "the %d lines" % len(following),
+                   "s" if len(following) == 1 else "",
+                   REPLACE_LINES % (line, line + len(following), label),
+                   code("with torch.no_grad():\n" + "\n".join("    " + t for t in [text, *following]))))
     copied = _out_as_copy(text) if "out=" in text else None
     if copied:
         # Under no_grad an `out=` call still writes, but it also clears the leaf's requires_grad: the
@@ -65,6 +78,41 @@ def leaf_fix(text: str, name: str) -> str:
                 % (shown, REPLACE, code("with torch.no_grad():\n    " + text),
                    "`%s.detach()`" % _expr(name) if _is_code_name(name) else "its `.detach()`"))
     return "Wrap the in-place change in `with torch.no_grad():`, before the tensor is used."
+
+
+def writes_after(lines: List[str], line: int) -> List[str]:
+    """The statements on the lines right after `line` (1-based, in `lines`), at its indentation, that
+    write in place into the tensor it writes (`w[:, i] -= a`, then `w[:, i] += b`), stripped."""
+    def written(src: str) -> Optional[str]:
+        stmt = _single_statement(src)
+        if isinstance(stmt, (ast.AugAssign, ast.Assign)):
+            target = stmt.target if isinstance(stmt, ast.AugAssign) else \
+                (stmt.targets[0] if len(stmt.targets) == 1 else None)
+            if isinstance(stmt, ast.Assign) and not isinstance(target, ast.Subscript):
+                return None  # binding a name or attribute writes nothing
+        elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and \
+                isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr.endswith("_") and \
+                not stmt.value.func.attr.startswith("_"):
+            target = stmt.value.func.value
+        else:
+            return None
+        while isinstance(target, ast.Subscript):
+            target = target.value
+        return ast.unparse(target) if isinstance(target, (ast.Name, ast.Attribute)) else None
+
+    if not 0 < line <= len(lines):
+        return []
+    first = lines[line - 1].rstrip("\n")
+    indent = first[:len(first) - len(first.lstrip())]
+    base = written(first)
+    out = []
+    for text in lines[line:]:
+        text = text.rstrip("\n")
+        if base is None or not text.startswith(indent) or text[len(indent):][:1].isspace() or \
+                written(text) != base:
+            break
+        out.append(text.strip())
+    return out
 
 
 def _out_as_copy(text: str) -> Optional[str]:

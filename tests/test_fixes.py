@@ -87,6 +87,17 @@ def line_replacement(fix):
     return found[0] if found else None
 
 
+LINES_REPLACEMENT = re.compile(re.escape(fixes.REPLACE_LINES).replace("%d", r"(\d+)").replace("%s", "(.+)") + "$")
+
+
+def lines_replacement(fix):
+    """(first line, last line, file label, block) of a fix that replaces a run of lines, or None."""
+    found = [(int(m.group(1)), int(m.group(2)), m.group(3), block) for intro, block in code_blocks(fix)
+             for m in [LINES_REPLACEMENT.search(intro.rstrip())] if m]
+    assert len(found) <= 1, "two replacements in one fix:\n" + fix
+    return found[0] if found else None
+
+
 def apply_fix(d, source, path):
     """The program with the fix's one-line change made, or None when the fix is not one."""
     block = replacement(d.fix)
@@ -97,6 +108,11 @@ def apply_fix(d, source, path):
         line, label, block = other
         assert label == os.path.basename(str(path)), "%s: the fix replaces a line of %s" % (path, label)
         return _replace_line(source, line, block.splitlines())
+    run_of_lines = lines_replacement(d.fix)
+    if run_of_lines is not None:
+        first, last, label, block = run_of_lines
+        assert label == os.path.basename(str(path)), "%s: the fix replaces lines of %s" % (path, label)
+        return _replace_line(source, first, block.splitlines(), last)
     return None
 
 
@@ -186,10 +202,10 @@ def problems(trace):
 
 # -- the clean program, per kind, made without the fix text ------------------------------------
 
-def _replace_line(source, line, new_lines):
+def _replace_line(source, line, new_lines, last=None):
     lines = source.splitlines()
     indent = re.match(r"\s*", lines[line - 1]).group(0)
-    lines[line - 1:line] = [indent + l if l else l for l in new_lines]
+    lines[line - 1:last or line] = [indent + l if l else l for l in new_lines]
     return "\n".join(lines) + "\n"
 
 
@@ -225,21 +241,55 @@ def saved_values_kept():
     return torch.autograd.graph.saved_tensors_hooks(lambda saved: saved.clone(), lambda copy: copy)
 
 
-def clean_run(sc, diag):
-    """(exception, gradients, tensors) of the clean program, or None where there is none for the kind."""
-    if diag.kind == "saved-tensor-modified":
-        source = sc.source
-    elif diag.kind == "silent-data-mutation":
-        source = re.sub(r"\.data\b", ".detach()", sc.source)
-    elif diag.kind == "leaf-inplace":
-        stripped = sc.source.splitlines()[diag.line - 1].strip().split("#")[0].strip()
+def _leaf_writes_unrecorded(sc, line):
+    """The program with the culprit line, and every next line whose write into a leaf PyTorch then
+    refuses too (the second of two edits of one weight), run with grad mode off."""
+    source = sc.source
+    for _ in range(20):
+        stripped = source.splitlines()[line - 1].strip().split("#")[0].strip()
         # An `out=` call run with grad off also clears its out tensor's requires_grad (PyTorch's rule for
         # out=): the unrecorded write that keeps the leaf trainable goes through `.data`.
         stripped = re.sub(r"\bout=([\w.]+)", r"out=\1.data", stripped)
-        source = _replace_line(sc.source, diag.line, [
-            "torch.set_grad_enabled(False); %s; torch.set_grad_enabled(True)" % stripped])
-    elif diag.kind == "accumulated-graph":
-        return run(sc.source, sc.path)[:3]
+        source = _replace_line(source, line, ["torch.set_grad_enabled(False); %s; torch.set_grad_enabled(True)"
+                                              % stripped])
+        line = _line_refused_as_leaf_write(source, sc.path)
+        if line is None:
+            return source
+    raise AssertionError(sc.path + ": too many writes into leaves")
+
+
+LEAF_ERRORS = ("a leaf Variable that requires grad is being used in an in-place operation",
+               "a view of a leaf Variable that requires grad is being used in an in-place operation")
+
+
+def _line_refused_as_leaf_write(source, path):
+    """The line of the program where PyTorch refuses a write into a leaf, or None."""
+    torch.manual_seed(1234)
+    try:
+        exec(compile(source, str(path), "exec"), {"__name__": "__main__", "__file__": str(path)})
+    except Exception as e:  # the program's own outcome
+        if any(m in str(e) for m in LEAF_ERRORS):
+            frames = [f for f in __import__("traceback").extract_tb(e.__traceback__) if f.filename == str(path)]
+            return frames[-1].lineno if frames else None
+    return None
+
+
+def clean_source(sc, diag):
+    """The program rewritten without the problem, where that is a rewrite of its text (not for a
+    program that is its own clean program, run another way)."""
+    if diag.kind == "silent-data-mutation":
+        return re.sub(r"\.data\b", ".detach()", sc.source)
+    if diag.kind == "leaf-inplace":
+        return _leaf_writes_unrecorded(sc, diag.line)
+    return None
+
+
+def clean_run(sc, diag):
+    """(exception, gradients, tensors) of the clean program, or None where there is none for the kind."""
+    if diag.kind in ("saved-tensor-modified", "accumulated-graph"):
+        source = sc.source
+    elif diag.kind in ("silent-data-mutation", "leaf-inplace"):
+        source = clean_source(sc, diag)
     else:
         return None
     if diag.kind in ("saved-tensor-modified", "silent-data-mutation"):
@@ -260,7 +310,7 @@ def test_every_fix_is_valid_code_naming_real_methods(path):
         check_prose(d.fix, where, user_names)
         for _, block in code_blocks(d.fix):
             check_code(block, user_names, where)
-        block = replacement(d.fix) or line_replacement(d.fix)
+        block = replacement(d.fix) or line_replacement(d.fix) or lines_replacement(d.fix)
         assert block is not None or fixes.NO_ONE_LINE_FIX in d.fix or d.filename != sc.path or not d.line or \
             not code_blocks(d.fix), "%s: code that is neither a replacement nor marked as no one-line fix:\n%s" % (
                 where, d.fix)
@@ -290,7 +340,13 @@ def test_one_line_fix_removes_the_problem_and_gives_the_clean_gradients(path):
                 t.source_line(p.filename, p.line)
             return p.kind, text.strip()
         others = {code_of(p, sc.source, trace) for p in problems(trace)} - {code_of(d, sc.source, trace)}
-        assert {code_of(p, fixed, after) for p in problems(after)} <= others, "%s: after the fix still %s\n%s" % (
+        rewritten = clean_source(sc, d)
+        # What the clean program, rewritten without the fix, has too is not the fix's doing: past a write
+        # that raised, the program runs on into lines the tool had not seen run (known by kind and tensor).
+        also_clean = {(p.kind, p.tensor) for p in problems(run(rewritten, sc.path, captured=True)[3])} \
+            if rewritten is not None else set()
+        assert {code_of(p, fixed, after) for p in problems(after) if (p.kind, p.tensor) not in also_clean} <= others, \
+            "%s: after the fix still %s\n%s" % (
             path.name, [(p.kind, p.line) for p in problems(after)], fixed)
         clean = clean_run(sc, d)
         if clean is None:
@@ -735,3 +791,31 @@ def test_a_buffer_the_forward_updates_is_read_as_a_copy_where_it_is_saved(tmp_pa
     assert "self.decay()" not in moved and "memory.decay()" in moved
     _assert_same((exc, grads, tensors), run(moved, path)[:3], "memory.py")
     assert "memory.bank" in tensors
+
+
+TWO_EDITS = """
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = nn.Linear(3, 2)
+    before = net.weight.detach().clone()
+    emb = torch.randn(3)
+    net.weight[0].add_(emb)
+    net.weight[1] = -emb
+    net(torch.ones(3)).sum().backward()
+"""
+
+
+def test_edits_of_one_leaf_on_lines_in_a_row_go_under_no_grad_together(tmp_path):
+    source, path = _program(tmp_path, TWO_EDITS, "edit.py")
+    d, outcome = _the_fix(source, path)
+    assert outcome[0] is not None and d.kind == "leaf-inplace" and d.line == 8
+    assert lines_replacement(d.fix)[:3] == (8, 9, "edit.py"), d.fix
+    exc, grads, tensors, after = run(apply_fix(d, source, path), path, captured=True)
+    assert exc is None and not problems(after)
+    before, emb = torch.tensor(tensors["before"]).reshape(2, 3), torch.tensor(tensors["emb"])
+    edited = torch.stack([before[0] + emb, -emb]).reshape(-1).tolist()
+    assert runner.close({"w": tensors["net.weight"]}, {"w": edited})
+    # d(sum(W x + b))/dW is x in every row, whatever W holds: the weight is still a trained leaf.
+    assert runner.close({"w": grads["net.weight"]}, {"w": [1.0] * 6})

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, also_changed, backward_outcome, code, counted,
                      data_fix, data_swap_fix, describe_write, inplace_fix, kept_fix, leaf_fix, line_ref, where,
-                     arguments_of, without_graph)
+                     arguments_of, without_graph, writes_after)
 from ..model import DATA_SWAP, Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
 from .paths import engine_order, leading_to, reachable
 from .stores import storing_line
@@ -50,7 +50,8 @@ def _leaf_inplace(trace: Trace) -> List[Diagnosis]:
             "gradient must be computed with respect to the value the tensor had when it was used. "
             "PyTorch raised: \"%s\"" % (name, name, where(op), "a view of it" if view else "it",
                                          describe_write(op), op.error.split(": ", 1)[-1].split("\n")[0]))
-        fix = leaf_fix(text, name)
+        following = writes_after(trace.sources.get(loc.filename, []), loc.line) if loc else []
+        fix = leaf_fix(text, name, following, (loc.line, trace.file_label(loc.filename)) if loc else (0, ""))
         out.append(_diag(trace, "leaf-inplace", op, message, fix, tensor=name,
                          tids=(target,) if target is not None else ()))
     return out
