@@ -153,9 +153,9 @@ def accumulation_fix(src: str, linked_name: str, linked_known: bool) -> str:
 
 def without_graph(head: str, value: str, tail: str, arguments=frozenset()) -> str:
     """The statement `head + value + tail` keeping `value` without its graph: `(val * n).detach()`.
-    A value read from an argument of the function may be a Python number on other calls (a meter fed
-    `loss.item()` and loss tensors alike), which has no `.detach()`: then only a tensor is detached,
-    the value computed once (`_kept = val * n` on a line before)."""
+    A value read from `arguments` (parameters filled from a container's elements, which may be Python
+    numbers: a meter fed `loss.item()` and loss tensors alike) has no `.detach()` when it is a number:
+    then only a tensor is detached, the value computed once (`_kept = val * n` on a line before)."""
     try:
         tree = ast.parse(value.strip(), mode="eval").body
     except SyntaxError:
@@ -271,7 +271,7 @@ def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[
                    line_ref(save) if save is not None else "the tensor is saved", copy, SAVED_COPY_REMEDY))
     rewritten = out_of_place(src) or copy_before_write(src)
     target = _rebound_name(rewritten) if rewritten else None
-    if target and not (op.location and target in arguments_of(trace, op.location)):
+    if target and not (op.location and target in _arguments_of(trace, op.location)):
         held = _held_elsewhere(trace, written, target)
         if held:
             return _alias_write_fix(trace, op, target, held, save)
@@ -283,7 +283,7 @@ def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[
     if copied:
         target = copied.partition(" = ")[0]
         handed_back = ""
-        if op.location and target in arguments_of(trace, op.location) and \
+        if op.location and target in _arguments_of(trace, op.location) and \
                 not _returns_later(trace, op.location, target):
             # Rebinding an argument changes nothing outside: the copy has to be handed back.
             function = op.location.function
@@ -461,7 +461,7 @@ def _input_unread_after(trace: Trace, op: OpRecord, path: str):
     arg = value.args[0]
     if not isinstance(arg, ast.Name):
         return True, None
-    if op.location and arg.id in arguments_of(trace, op.location):
+    if op.location and arg.id in _arguments_of(trace, op.location):
         return False, arg.id
     rebound = isinstance(stmt, ast.Assign) and [ast.unparse(t) for t in stmt.targets] == [arg.id]
     return (True, None) if rebound or isinstance(stmt, ast.Return) else (False, arg.id)
@@ -757,7 +757,7 @@ def _code(text: str) -> str:
     return text.split("#", 1)[0].strip()
 
 
-def arguments_of(trace: Trace, location) -> frozenset:
+def _arguments_of(trace: Trace, location) -> frozenset:
     """The parameter names of the function whose line this is; empty when they cannot be read."""
     found = _function_of(trace, location)
     if found is None:

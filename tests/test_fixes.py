@@ -819,3 +819,48 @@ def test_edits_of_one_leaf_on_lines_in_a_row_go_under_no_grad_together(tmp_path)
     assert runner.close({"w": tensors["net.weight"]}, {"w": edited})
     # d(sum(W x + b))/dW is x in every row, whatever W holds: the weight is still a trained leaf.
     assert runner.close({"w": grads["net.weight"]}, {"w": [1.0] * 6})
+
+
+TALLIES = """
+    import torch
+    from torch import nn
+
+
+    class Tally:
+        def __init__(self):
+            self.total = 0.0
+
+        def add(self, value):
+            self.total += value * 2
+
+
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    tallies = [Tally(), Tally()]
+    for step in range(4):
+        loss = net(torch.randn(5, 3)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        for tally, value in zip(tallies, [loss.item(), loss]):
+            tally.add(value)
+    number, tensor = tallies[0].total, tallies[1].total
+"""
+
+
+def test_an_accumulator_fed_from_a_container_keeps_numbers_and_tensors(tmp_path):
+    source, path = _program(tmp_path, TALLIES, "tally.py")
+    d, _ = _the_fix(source, path)
+    assert d.kind == "accumulated-graph" and d.line == 10, (d.kind, d.line)
+    fixed = apply_fix(d, source, path)
+    assert not problems(run(fixed, path, captured=True)[3])
+    ends = []
+    for program in (source, fixed):
+        torch.manual_seed(0)
+        ns = {"__name__": "__main__"}
+        exec(compile(program, str(path), "exec"), ns)
+        ends.append(ns)
+    plain, after = ends
+    assert type(after["number"]) is float and after["number"] == plain["number"]
+    assert after["tensor"].grad_fn is None and torch.equal(after["tensor"], plain["tensor"].detach())

@@ -11,10 +11,10 @@ from typing import Dict, List, Optional, Tuple
 
 from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, also_changed, backward_outcome, code, counted,
                      data_fix, data_swap_fix, describe_write, inplace_fix, kept_fix, leaf_fix, line_ref, where,
-                     arguments_of, without_graph, writes_after)
+                     without_graph, writes_after)
 from ..model import DATA_SWAP, Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
 from .paths import engine_order, leading_to, reachable
-from .stores import storing_line
+from .stores import handed_loop_values, storing_line
 
 _LEAF_ERRORS = ("leaf Variable that requires grad is being used in an in-place operation",)
 # A call given `out=` refuses to run when any argument requires grad: a write into a leaf when the out
@@ -479,7 +479,7 @@ def _linked_diagnosis(trace: Trace, chains: _SideChains, chain: int) -> Diagnosi
     source = op.location.source if op.location else ""
     fix = accumulation_fix(source, linked_name, linked_name != "the loss")
     if REPLACE not in fix:
-        detached = _detached_value(source, arguments_of(trace, op.location) if op.location else frozenset())
+        detached = _detached_value(source, handed_loop_values(trace, op.location))
         if detached:
             fix = ("Keep the accumulated value without the graphs it links. %s\n%s\n"
                    "(or accumulate a Python number, `.item()`, if nothing reads it as a tensor)."
