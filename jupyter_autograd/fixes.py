@@ -16,6 +16,8 @@ tests/test_fixes.py checks on every scenario (and that every new kind of diagnos
   "Replace line N of FILE with:" (`REPLACE_LINE`; FILE as `Trace.file_label` names it, N its line
   number there) replaces that line, re-indented to its indentation: the same whole fix, for a
   mistake made where something was built (`nn.ReLU(inplace=True)` in a model's `__init__`).
+  "Replace lines N to M of FILE with:" (`REPLACE_LINES`) replaces those lines, the culprit's first,
+  for a change that the lines right after the culprit make too (two edits of one weight).
 * The program's meaning stays. A replacement computes what the program meant: it may stop a
   write that broke backward, never drop it (rebinding a name that is only an alias of a module's
   buffer leaves the buffer as it was) or stop a change that other code reads.
@@ -36,6 +38,7 @@ from .model import OpRecord, Trace
 
 REPLACE = "Replace the culprit line with:"
 REPLACE_LINE = "Replace line %d of %s with:"
+REPLACE_LINES = "Replace lines %d to %d of %s with:"
 NO_ONE_LINE_FIX = "There is no one-line fix:"
 SAVED_COPY_REMEDY = (
     "If the in-place write has to stay, PyTorch can keep the old value for backward: run both the forward "
@@ -49,34 +52,90 @@ def code(block: str) -> str:
     return "\n".join("    " + line if line else "" for line in block.splitlines())
 
 
-def leaf_fix(text: str, name: str) -> str:
+def leaf_fix(text: str, name: str, following=(), place: Tuple[int, str] = (0, "")) -> str:
+    """`following`: the lines right after the culprit (at `place`, its line and file label) that
+    write into the same tensor too: the change they make together goes under no_grad together."""
+    # A label that describes the tensor (no name found) is no code: it is not quoted as code.
+    shown = "`%s`" % name if _is_code_name(name) else "the tensor"
+    if following and text and _is_simple_statement(text):
+        line, label = place
+        return ("Make the change without recording it, before %s is used: %s after it write%s into it "
+                "too. %s\n%s\n(or make it before setting requires_grad=True)."
+                % (shown, "the line" if len(following) == 1 else "the %d lines" % len(following),
+                   "s" if len(following) == 1 else "",
+                   REPLACE_LINES % (line, line + len(following), label),
+                   code("with torch.no_grad():\n" + "\n".join("    " + t for t in [text, *following]))))
     copied = _out_as_copy(text) if "out=" in text else None
     if copied:
         # Under no_grad an `out=` call still writes, but it also clears the leaf's requires_grad: the
         # parameter would silently stop training. Copying the result in keeps it a trainable leaf.
-        return ("Compute the values without `out=` and copy them in without recording it, before `%s` is used "
-                "(an `out=` call under `torch.no_grad()` would also switch off `%s.requires_grad`). %s\n%s"
-                % (name, _expr(name), REPLACE, code("with torch.no_grad():\n    " + copied)))
+        return ("Compute the values without `out=` and copy them in without recording it, before %s is used "
+                "(an `out=` call under `torch.no_grad()` would also switch off its `requires_grad`). %s\n%s"
+                % (shown, REPLACE, code("with torch.no_grad():\n    " + copied)))
     if text and _is_simple_statement(text):
-        return ("Make the change without recording it, before `%s` is used. %s\n%s\n"
-                "(or make it before setting requires_grad=True, or through `%s.detach()`)."
-                % (name, REPLACE, code("with torch.no_grad():\n    " + text), _expr(name)))
+        return ("Make the change without recording it, before %s is used. %s\n%s\n"
+                "(or make it before setting requires_grad=True, or through %s)."
+                % (shown, REPLACE, code("with torch.no_grad():\n    " + text),
+                   "`%s.detach()`" % _expr(name) if _is_code_name(name) else "its `.detach()`"))
     return "Wrap the in-place change in `with torch.no_grad():`, before the tensor is used."
+
+
+def writes_after(lines: List[str], line: int) -> List[str]:
+    """The statements on the lines right after `line` (1-based, in `lines`), at its indentation, that
+    write in place into the tensor it writes (`w[:, i] -= a`, then `w[:, i] += b`), stripped."""
+    def written(src: str) -> Optional[str]:
+        stmt = _single_statement(src)
+        if isinstance(stmt, (ast.AugAssign, ast.Assign)):
+            target = stmt.target if isinstance(stmt, ast.AugAssign) else \
+                (stmt.targets[0] if len(stmt.targets) == 1 else None)
+            if isinstance(stmt, ast.Assign) and not isinstance(target, ast.Subscript):
+                return None  # binding a name or attribute writes nothing
+        elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and \
+                isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr.endswith("_") and \
+                not stmt.value.func.attr.startswith("_"):
+            target = stmt.value.func.value
+        else:
+            return None
+        while isinstance(target, ast.Subscript):
+            target = target.value
+        return ast.unparse(target) if isinstance(target, (ast.Name, ast.Attribute)) else None
+
+    if not 0 < line <= len(lines):
+        return []
+    first = lines[line - 1].rstrip("\n")
+    indent = first[:len(first) - len(first.lstrip())]
+    base = written(first)
+    out = []
+    for text in lines[line:]:
+        text = text.rstrip("\n")
+        if base is None or not text.startswith(indent) or text[len(indent):][:1].isspace() or \
+                written(text) != base:
+            break
+        out.append(text.strip())
+    return out
 
 
 def _out_as_copy(text: str) -> Optional[str]:
     """`torch.arange(n, out=self.freq)` -> `self.freq.copy_(torch.arange(n))`: the one call given
-    `out=` computes its result, which is copied into the out tensor; None when that is not the line."""
+    `out=` computes its result, which is copied into the out tensor. `copy_` returns the tensor, as an
+    `out=` call does, so the call may sit anywhere in the statement (`torch.arange(n, out=f).mul_(PI)`
+    -> `f.copy_(torch.arange(n)).mul_(PI)`). None when that is not the line."""
     stmt = _single_statement(text)
-    if not isinstance(stmt, (ast.Expr, ast.Assign)) or not isinstance(stmt.value, ast.Call):
+    if stmt is None:
         return None
-    call = stmt.value
-    outs = [k for k in call.keywords if k.arg == "out"]
-    if len(outs) != 1 or isinstance(outs[0].value, (ast.Tuple, ast.List)):
+    calls = [node for node in ast.walk(stmt) if isinstance(node, ast.Call)
+             and any(k.arg == "out" for k in node.keywords)]
+    if len(calls) != 1:
+        return None
+    call = calls[0]
+    out = next(k.value for k in call.keywords if k.arg == "out")
+    if isinstance(out, (ast.Tuple, ast.List)):
         return None
     call.keywords = [k for k in call.keywords if k.arg != "out"]
-    stmt.value = ast.Call(func=ast.Attribute(value=outs[0].value, attr="copy_", ctx=ast.Load()), args=[call],
-                          keywords=[])
+    copied = ast.Call(func=ast.Attribute(value=out, attr="copy_", ctx=ast.Load()),
+                      args=[ast.Call(func=call.func, args=call.args, keywords=call.keywords)], keywords=[])
+    # The call node becomes the copy in place, wherever the statement holds it.
+    call.func, call.args, call.keywords = copied.func, copied.args, copied.keywords
     return ast.unparse(stmt)
 
 
@@ -90,6 +149,26 @@ def accumulation_fix(src: str, linked_name: str, linked_known: bool) -> str:
                 % (REPLACE, code(fixed), _expr(linked_name)))
     return "Accumulate `%s.item()` (a Python number) or `%s.detach()` instead of the tensor." % (
         _expr(linked_name), _expr(linked_name))
+
+
+def without_graph(head: str, value: str, tail: str, arguments=frozenset()) -> str:
+    """The statement `head + value + tail` keeping `value` without its graph: `(val * n).detach()`.
+    A value read from `arguments` (parameters filled from a container's elements, which may be Python
+    numbers: a meter fed `loss.item()` and loss tensors alike) has no `.detach()` when it is a number:
+    then only a tensor is detached, the value computed once (`_kept = val * n` on a line before)."""
+    try:
+        tree = ast.parse(value.strip(), mode="eval").body
+    except SyntaxError:
+        return ""
+    if not arguments & {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}:
+        primary = isinstance(tree, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
+        return head + (value if primary else "(%s)" % value) + ".detach()" + tail
+    kept = value if isinstance(tree, ast.Name) else "_kept"
+    guarded = "%s.detach() if isinstance(%s, torch.Tensor) else %s" % (kept, kept, kept)
+    # Parenthesized unless it is a whole right-hand side or a call's only argument.
+    if not (tail == "" or head.endswith("(") and tail.startswith(")")):
+        guarded = "(%s)" % guarded
+    return head + guarded + tail if kept == value else "%s = %s\n%s%s%s" % (kept, value, head, guarded, tail)
 
 
 def kept_fix(name: str, detached: str) -> str:
@@ -236,9 +315,37 @@ def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[
         return ("%s %s runs `%s(..., inplace=True)` inside this call. Build the model with the out-of-place "
                 "form instead:%s(or pass `inplace=False` to `%s`).%s"
                 % (NO_ONE_LINE_FIX, where(op), op.name, example, op.name, before))
+    read_copy = _read_a_copy(trace, save, name, written)
+    if read_copy:
+        # The write stays (a module's buffer, state that later code reads): the op that saved the
+        # tensor reads a copy of it instead, with the same values, which the write leaves alone.
+        return ("%s changes the saved tensor in place with %s, and the write is the program's state: keep it, and "
+                "let %s read a copy, which backward then uses. %s\n%s\n%s"
+                % (where(op), describe_write(op), line_ref(save),
+                   REPLACE_LINE % (save.location.line, trace.file_label(save.location.filename)), code(read_copy),
+                   SAVED_COPY_REMEDY))
     return ("%s changes the saved tensor in place with %s. Use the out-of-place form of that operation, "
             "or `.clone()` the tensor before changing it.%s\n%s"
             % (where(op), describe_write(op), before, SAVED_COPY_REMEDY))
+
+
+def _read_a_copy(trace: Trace, save: Optional[OpRecord], name: str, written: Optional[int]) -> Optional[str]:
+    """The line of the op that saved the written tensor, reading `name.clone()` where it reads `name`:
+    only where the op took that very tensor and its line names it once (`torch.einsum(..., [q, self.queue])`)."""
+    if save is None or save.location is None or written is None or written not in save.inputs or \
+            not _is_code_name(name):
+        return None
+    src = save.location.source or ""
+    stmt = _single_statement(src)
+    if stmt is None:
+        return None
+    reads = [node for node in ast.walk(stmt) if isinstance(node, (ast.Name, ast.Attribute))
+             and isinstance(node.ctx, ast.Load) and ast.unparse(node) == name]
+    if len(reads) != 1 or reads[0].lineno != 1:
+        return None
+    raw = src.strip().encode("utf-8")
+    start, end = reads[0].col_offset, reads[0].end_col_offset
+    return (raw[:end] + b".clone()" + raw[end:]).decode("utf-8")
 
 
 # The nn modules whose functional form was called with inplace=True.
@@ -796,9 +903,11 @@ def inference_tensor_fix(name: Optional[str]) -> str:
     return head + " Or `.clone()` it outside inference mode before the part that trains uses it."
 
 
-def nonleaf_requires_grad_fix(src: str, name: Optional[str]) -> str:
+def nonleaf_requires_grad_fix(src: str, name: Optional[str], also_set: int = 0) -> str:
     """`x.requires_grad = True` on a tensor with a history (see errors.nonleaf_requires_grad): make a leaf
-    of it, `x = x.detach().requires_grad_()`; for False, `x = x.detach()`."""
+    of it, `x = x.detach().requires_grad_()`; for False, `x = x.detach()`. Not where the line also set
+    the flag of `also_set` other tensors (leaves): rebinding its name to a copy would drop the change
+    for them, the line's purpose."""
     stmt = _single_statement(src)
     target, flag = None, None
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Attribute) \
@@ -815,6 +924,15 @@ def nonleaf_requires_grad_fix(src: str, name: Optional[str]) -> str:
                 "assigned where the code reads it; to read the gradient of the non-leaf itself, call `.retain_grad()` "
                 "on it before backward." % (NO_ONE_LINE_FIX, name, _expr(name) if _is_code_name(name) else "x"))
     expr = ast.unparse(target)
+    if also_set:
+        held = "`%s`" % _expr(name) if _is_code_name(name) and name != expr else "it"
+        return ("%s this line also sets requires_grad of %d other tensor%s (leaves, for which it works): rebinding "
+                "`%s` to a copy would take the change away from them, and would not reach the code that holds %s. "
+                "Hand this code a tensor that is a leaf: %s where it is made or passed in, or leave tensors that "
+                "are not leaves (`%s.is_leaf` is False) out of it."
+                % (NO_ONE_LINE_FIX, also_set, "" if also_set == 1 else "s", expr, held,
+                   "`%s`" % (("%s.detach()" if not flag else "%s.detach().requires_grad_()") % _expr(name))
+                   if _is_code_name(name) else "a detached copy", expr))
     if flag:
         return ("Make it a new leaf with the same values: backward then stores its gradient in `%s.grad`, and the "
                 "history before it is dropped, which is what setting requires_grad asks for. %s\n%s\n"

@@ -6,14 +6,17 @@ the fix is a drop-in replacement of the culprit line, it is applied to the scena
 is then gone, and backward gives the gradients of the clean program, which for each kind is
 made independently of the fix text:
 
-* saved-tensor-modified: the program itself under PyTorch's own remedy,
-  `torch.autograd.graph.allow_mutation_on_saved_tensors()` (backward sees the saved values);
+* saved-tensor-modified: the program itself, each tensor copied when autograd saves it
+  (`torch.autograd.graph.saved_tensors_hooks`: backward sees the saved values). PyTorch's own
+  remedy, `allow_mutation_on_saved_tensors()`, is meant for one forward and backward: over a
+  training loop it gives a second step the copy made in the first while that graph is alive
+  (a MoCo queue written each step: other gradients than the write moved after the backward);
 * silent-data-mutation: the same, with `.data` taken as `.detach()` so PyTorch sees the write;
 * leaf-inplace: the culprit line run with grad mode off (`torch.set_grad_enabled(False)`);
 * accumulated-graph: the program itself (keeping the graphs alive changes no gradient).
 
 A kind with no clean program here (the ones added later) still has to run without an exception
-and without the problem, and give finite gradients.
+and without the problem, and give finite gradients (or, with torch.autograd.grad, finite results).
 """
 import ast
 import builtins
@@ -34,8 +37,7 @@ from jupyter_autograd.model import PROBLEM_KINDS
 from . import scenario_runner as runner
 from .conftest import OWN_SCENARIOS, scenario_files
 
-# The real cases (tests/corpus) are judged by test_scenarios; their fixes are not all applied here yet.
-FILES = scenario_files(real_cases=False)
+FILES = scenario_files()
 _RUNS = {}
 
 
@@ -85,6 +87,17 @@ def line_replacement(fix):
     return found[0] if found else None
 
 
+LINES_REPLACEMENT = re.compile(re.escape(fixes.REPLACE_LINES).replace("%d", r"(\d+)").replace("%s", "(.+)") + "$")
+
+
+def lines_replacement(fix):
+    """(first line, last line, file label, block) of a fix that replaces a run of lines, or None."""
+    found = [(int(m.group(1)), int(m.group(2)), m.group(3), block) for intro, block in code_blocks(fix)
+             for m in [LINES_REPLACEMENT.search(intro.rstrip())] if m]
+    assert len(found) <= 1, "two replacements in one fix:\n" + fix
+    return found[0] if found else None
+
+
 def apply_fix(d, source, path):
     """The program with the fix's one-line change made, or None when the fix is not one."""
     block = replacement(d.fix)
@@ -95,6 +108,11 @@ def apply_fix(d, source, path):
         line, label, block = other
         assert label == os.path.basename(str(path)), "%s: the fix replaces a line of %s" % (path, label)
         return _replace_line(source, line, block.splitlines())
+    run_of_lines = lines_replacement(d.fix)
+    if run_of_lines is not None:
+        first, last, label, block = run_of_lines
+        assert label == os.path.basename(str(path)), "%s: the fix replaces lines of %s" % (path, label)
+        return _replace_line(source, first, block.splitlines(), last)
     return None
 
 
@@ -166,13 +184,15 @@ def check_code(block, user_names, where):
                 check_method(node.func.attr, where)
 
 
-def check_prose(fix, where):
-    """Names in backticks are real: `.item()`, `x.detach()`, `torch.autograd.graph....()`."""
+def check_prose(fix, where, user_names=frozenset()):
+    """Names in backticks are real: `.item()`, `x.detach()`, `torch.autograd.graph....()`, or the
+    program's own (a quoted line calling `self.main(x)`, an attribute the program sets)."""
     for span in re.findall(r"`([^`\n]+)`", fix):
         for chain in re.findall(r"(?<![\w.])((?:torch|nn|F)(?:\.\w+)+)", span):
             check_module_path(chain.split("."), where)
         for method in re.findall(r"(?<!torch)(?<!nn)(?<!\bF)\.(\w+)\(", span):
-            if not re.search(r"(?:torch|nn|F)(?:\.\w+)*\.%s\(" % re.escape(method), span):
+            if not re.search(r"(?:torch|nn|F)(?:\.\w+)*\.%s\(" % re.escape(method), span) and \
+                    "." + method not in user_names:
                 check_method(method, where)
 
 
@@ -182,17 +202,19 @@ def problems(trace):
 
 # -- the clean program, per kind, made without the fix text ------------------------------------
 
-def _replace_line(source, line, new_lines):
+def _replace_line(source, line, new_lines, last=None):
     lines = source.splitlines()
     indent = re.match(r"\s*", lines[line - 1]).group(0)
-    lines[line - 1:line] = [indent + l if l else l for l in new_lines]
+    lines[line - 1:last or line] = [indent + l if l else l for l in new_lines]
     return "\n".join(lines) + "\n"
 
 
 def run(source, path, captured=False):
     """runner.execute, keeping the program's variables: (exception, gradients, tensors, trace).
 
-    The tensors a program ends with are compared too: `torch.autograd.grad` leaves no `.grad`."""
+    The tensors a program ends with are compared too: `torch.autograd.grad` leaves no `.grad`, and a
+    training loop that ends with `zero_grad()` leaves none either, but its models' weights (and
+    buffers) carry every step's gradients."""
     torch.manual_seed(1234)
     ns = {"__name__": "__main__", "__file__": str(path)}
     code = compile(source, str(path), "exec")
@@ -208,28 +230,70 @@ def run(source, path, captured=False):
         runner.let_collectives_finish(source)
     tensors = {k: v.detach().reshape(-1).tolist() for k, v in ns.items()
                if isinstance(v, torch.Tensor) and not k.startswith("_")}
+    for k, v in list(ns.items()):
+        if isinstance(v, nn.Module) and not k.startswith("_"):
+            tensors.update(("%s.%s" % (k, n), t.detach().reshape(-1).tolist()) for n, t in v.state_dict().items())
     return exc, runner.grads(ns), tensors, trace
+
+
+def saved_values_kept():
+    """Backward sees the values the forward pass saved, whatever is written to them later."""
+    return torch.autograd.graph.saved_tensors_hooks(lambda saved: saved.clone(), lambda copy: copy)
+
+
+def _leaf_writes_unrecorded(sc, line):
+    """The program with the culprit line, and every next line whose write into a leaf PyTorch then
+    refuses too (the second of two edits of one weight), run with grad mode off."""
+    source = sc.source
+    for _ in range(20):
+        stripped = source.splitlines()[line - 1].strip().split("#")[0].strip()
+        # An `out=` call run with grad off also clears its out tensor's requires_grad (PyTorch's rule for
+        # out=): the unrecorded write that keeps the leaf trainable goes through `.data`.
+        stripped = re.sub(r"\bout=([\w.]+)", r"out=\1.data", stripped)
+        source = _replace_line(source, line, ["torch.set_grad_enabled(False); %s; torch.set_grad_enabled(True)"
+                                              % stripped])
+        line = _line_refused_as_leaf_write(source, sc.path)
+        if line is None:
+            return source
+    raise AssertionError(sc.path + ": too many writes into leaves")
+
+
+LEAF_ERRORS = ("a leaf Variable that requires grad is being used in an in-place operation",
+               "a view of a leaf Variable that requires grad is being used in an in-place operation")
+
+
+def _line_refused_as_leaf_write(source, path):
+    """The line of the program where PyTorch refuses a write into a leaf, or None."""
+    torch.manual_seed(1234)
+    try:
+        exec(compile(source, str(path), "exec"), {"__name__": "__main__", "__file__": str(path)})
+    except Exception as e:  # the program's own outcome
+        if any(m in str(e) for m in LEAF_ERRORS):
+            frames = [f for f in __import__("traceback").extract_tb(e.__traceback__) if f.filename == str(path)]
+            return frames[-1].lineno if frames else None
+    return None
+
+
+def clean_source(sc, diag):
+    """The program rewritten without the problem, where that is a rewrite of its text (not for a
+    program that is its own clean program, run another way)."""
+    if diag.kind == "silent-data-mutation":
+        return re.sub(r"\.data\b", ".detach()", sc.source)
+    if diag.kind == "leaf-inplace":
+        return _leaf_writes_unrecorded(sc, diag.line)
+    return None
 
 
 def clean_run(sc, diag):
     """(exception, gradients, tensors) of the clean program, or None where there is none for the kind."""
-    if diag.kind == "saved-tensor-modified":
+    if diag.kind in ("saved-tensor-modified", "accumulated-graph"):
         source = sc.source
-    elif diag.kind == "silent-data-mutation":
-        source = re.sub(r"\.data\b", ".detach()", sc.source)
-    elif diag.kind == "leaf-inplace":
-        stripped = sc.source.splitlines()[diag.line - 1].strip().split("#")[0].strip()
-        # An `out=` call run with grad off also clears its out tensor's requires_grad (PyTorch's rule for
-        # out=): the unrecorded write that keeps the leaf trainable goes through `.data`.
-        stripped = re.sub(r"\bout=([\w.]+)", r"out=\1.data", stripped)
-        source = _replace_line(sc.source, diag.line, [
-            "torch.set_grad_enabled(False); %s; torch.set_grad_enabled(True)" % stripped])
-    elif diag.kind == "accumulated-graph":
-        return run(sc.source, sc.path)[:3]
+    elif diag.kind in ("silent-data-mutation", "leaf-inplace"):
+        source = clean_source(sc, diag)
     else:
         return None
     if diag.kind in ("saved-tensor-modified", "silent-data-mutation"):
-        with torch.autograd.graph.allow_mutation_on_saved_tensors():
+        with saved_values_kept():
             return run(source, sc.path)[:3]
     return run(source, sc.path)[:3]
 
@@ -243,10 +307,10 @@ def test_every_fix_is_valid_code_naming_real_methods(path):
     for d in problems(trace):
         where = "%s line %s (%s)" % (path.name, d.line, d.kind)
         assert d.fix.strip(), where + ": empty fix"
-        check_prose(d.fix, where)
+        check_prose(d.fix, where, user_names)
         for _, block in code_blocks(d.fix):
             check_code(block, user_names, where)
-        block = replacement(d.fix) or line_replacement(d.fix)
+        block = replacement(d.fix) or line_replacement(d.fix) or lines_replacement(d.fix)
         assert block is not None or fixes.NO_ONE_LINE_FIX in d.fix or d.filename != sc.path or not d.line or \
             not code_blocks(d.fix), "%s: code that is neither a replacement nor marked as no one-line fix:\n%s" % (
                 where, d.fix)
@@ -268,13 +332,30 @@ def test_one_line_fix_removes_the_problem_and_gives_the_clean_gradients(path):
         if fixed is None:
             continue  # not a one-line change (the fix says so): checked as code above
         exc, grads, tensors, after = run(fixed, sc.path, captured=True)
-        assert not problems(after), "%s: after the fix still %s\n%s" % (
+        # Each fix removes its own problem; another problem of the program, with a fix of its own, may
+        # stay (known by its kind and its line's code: a fix of several lines moves the lines after it).
+        def code_of(p, program, t):  # the program's own text: a trace of the same file name may read another
+            lines = program.splitlines()
+            text = lines[p.line - 1] if p.filename == sc.path and p.line and p.line <= len(lines) else \
+                t.source_line(p.filename, p.line)
+            return p.kind, text.strip()
+        others = {code_of(p, sc.source, trace) for p in problems(trace)} - {code_of(d, sc.source, trace)}
+        rewritten = clean_source(sc, d)
+        # What the clean program, rewritten without the fix, has too is not the fix's doing: past a write
+        # that raised, the program runs on into lines the tool had not seen run (known by kind and tensor).
+        also_clean = {(p.kind, p.tensor) for p in problems(run(rewritten, sc.path, captured=True)[3])} \
+            if rewritten is not None else set()
+        assert {code_of(p, fixed, after) for p in problems(after) if (p.kind, p.tensor) not in also_clean} <= others, \
+            "%s: after the fix still %s\n%s" % (
             path.name, [(p.kind, p.line) for p in problems(after)], fixed)
         clean = clean_run(sc, d)
         if clean is None:
             assert exc is None, "%s: the fixed program raises %s" % (path.name, exc)
-            assert grads and all(math.isfinite(v) for g in grads.values() for v in g), (
-                "%s: the fixed program's gradients are missing or not finite: %s" % (path.name, grads))
+            # Gradients taken by torch.autograd.grad leave no .grad: then what the program ends with, made
+            # from them (an adversarial image), has to be there and finite.
+            ends_with = grads or tensors
+            assert ends_with and all(math.isfinite(v) for g in ends_with.values() for v in g), (
+                "%s: the fixed program's gradients are missing or not finite: %s" % (path.name, ends_with))
         else:
             clean_exc, clean_grads, clean_tensors = clean
             assert exc == clean_exc, "%s: fixed program: %s; clean program: %s" % (path.name, exc, clean_exc)
@@ -447,8 +528,8 @@ def _the_fix(source, path):
 
 
 def _clean(source, path):
-    """The program as PyTorch runs it when a saved tensor may change (its own remedy)."""
-    with torch.autograd.graph.allow_mutation_on_saved_tensors():
+    """The program with backward seeing the values the forward pass saved."""
+    with saved_values_kept():
         return run(source, path)[:3]
 
 
@@ -618,3 +699,168 @@ def test_a_parameter_starved_by_item_is_told_to_stop_using_item(tmp_path):
     plain = {}
     exec(compile(apply_fix(d, source, path), str(path), "exec"), plain)
     assert plain["gain_grad"] is not None and torch.isfinite(plain["gain_grad"]).all()
+
+
+def test_a_value_kept_without_its_graph_may_be_a_number_when_handed_in():
+    # A meter's update(value, n) is fed `loss.item()` and loss tensors alike.
+    assert fixes.without_graph("total += ", "value * n", "") == "total += (value * n).detach()"
+    block = fixes.without_graph("history.append(", "value * n", ")", frozenset({"value", "n"}))
+    for value in (2.0, torch.tensor(2.0, requires_grad=True) * 1):
+        ns = {"torch": torch, "value": value, "n": 3, "history": []}
+        exec(block, ns)
+        (kept,) = ns["history"]
+        assert kept == 6.0 and type(kept) is type(value) and getattr(kept, "grad_fn", None) is None, block
+
+
+FREEZE_A_MIX = """
+    import torch
+    from torch import nn
+
+
+    def freeze(tensors):
+        for t in tensors.values():
+            t.requires_grad = False
+
+
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1)
+    x = torch.ones(3, requires_grad=True)
+    feats = {"w": net.weight, "b": net.bias, "scaled": x * 2}
+    freeze(feats)
+    frozen = torch.tensor([p.requires_grad for p in net.parameters()])
+"""
+
+
+def test_a_flag_set_by_a_line_that_also_sets_it_on_leaves_is_not_rebound(tmp_path):
+    source, path = _program(tmp_path, FREEZE_A_MIX)
+    exc, _, _, trace = run(source, path, captured=True)
+    assert exc is not None and "leaf variables" in exc[1]
+    (d,) = problems(trace)
+    assert d.kind == "nonleaf-requires-grad" and d.line == 7
+    assert replacement(d.fix) is None and fixes.NO_ONE_LINE_FIX in d.fix and "`scaled`" not in d.fix, d.fix
+    # Rebinding `t` runs, but takes the change away from the leaves it was meant for ...
+    rebound = run(_replace_line(source, 7, ["t = t.detach()"]), path)
+    assert rebound[0] is None and rebound[2]["frozen"] == [True, True]
+    # ... which handing the helper a leaf, as the fix says, keeps.
+    handed = run(source.replace('"scaled": x * 2', '"scaled": (x * 2).detach()'), path)
+    assert handed[0] is None and handed[2]["frozen"] == [False, False]
+
+
+MEMORY_BANK = """
+    import torch
+    from torch import nn
+
+
+    class Memory(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(3, 3)
+            self.register_buffer("bank", torch.randn(3, 5))
+
+        @torch.no_grad()
+        def decay(self):
+            self.bank.mul_(0.9)
+
+        def forward(self, x):
+            scores = self.proj(x) @ self.bank
+            self.decay()
+            return scores
+
+
+    torch.manual_seed(0)
+    memory = Memory()
+    opt = torch.optim.SGD(memory.parameters(), lr=0.1)
+    for step in range(3):
+        loss = memory(torch.randn(2, 3)).pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_a_buffer_the_forward_updates_is_read_as_a_copy_where_it_is_saved(tmp_path):
+    source, path = _program(tmp_path, MEMORY_BANK, "memory.py")
+    d, outcome = _the_fix(source, path)
+    assert outcome[0] is not None and d.kind == "saved-tensor-modified" and d.line == 13
+    line, label, block = line_replacement(d.fix)
+    assert (line, label, block) == (16, "memory.py", "scores = self.proj(x) @ self.bank.clone()"), d.fix
+    exc, grads, tensors, after = run(apply_fix(d, source, path), path, captured=True)
+    assert not problems(after)
+    # The oracle: the decay moved after each backward, where no graph needs the old values.
+    moved = source.replace("        self.decay()\n", "").replace("    opt.step()\n", "    opt.step()\n    memory.decay()\n")
+    assert "self.decay()" not in moved and "memory.decay()" in moved
+    _assert_same((exc, grads, tensors), run(moved, path)[:3], "memory.py")
+    assert "memory.bank" in tensors
+
+
+TWO_EDITS = """
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = nn.Linear(3, 2)
+    before = net.weight.detach().clone()
+    emb = torch.randn(3)
+    net.weight[0].add_(emb)
+    net.weight[1] = -emb
+    net(torch.ones(3)).sum().backward()
+"""
+
+
+def test_edits_of_one_leaf_on_lines_in_a_row_go_under_no_grad_together(tmp_path):
+    source, path = _program(tmp_path, TWO_EDITS, "edit.py")
+    d, outcome = _the_fix(source, path)
+    assert outcome[0] is not None and d.kind == "leaf-inplace" and d.line == 8
+    assert lines_replacement(d.fix)[:3] == (8, 9, "edit.py"), d.fix
+    exc, grads, tensors, after = run(apply_fix(d, source, path), path, captured=True)
+    assert exc is None and not problems(after)
+    before, emb = torch.tensor(tensors["before"]).reshape(2, 3), torch.tensor(tensors["emb"])
+    edited = torch.stack([before[0] + emb, -emb]).reshape(-1).tolist()
+    assert runner.close({"w": tensors["net.weight"]}, {"w": edited})
+    # d(sum(W x + b))/dW is x in every row, whatever W holds: the weight is still a trained leaf.
+    assert runner.close({"w": grads["net.weight"]}, {"w": [1.0] * 6})
+
+
+TALLIES = """
+    import torch
+    from torch import nn
+
+
+    class Tally:
+        def __init__(self):
+            self.total = 0.0
+
+        def add(self, value):
+            self.total += value * 2
+
+
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    tallies = [Tally(), Tally()]
+    for step in range(4):
+        loss = net(torch.randn(5, 3)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        for tally, value in zip(tallies, [loss.item(), loss]):
+            tally.add(value)
+    number, tensor = tallies[0].total, tallies[1].total
+"""
+
+
+def test_an_accumulator_fed_from_a_container_keeps_numbers_and_tensors(tmp_path):
+    source, path = _program(tmp_path, TALLIES, "tally.py")
+    d, _ = _the_fix(source, path)
+    assert d.kind == "accumulated-graph" and d.line == 10, (d.kind, d.line)
+    fixed = apply_fix(d, source, path)
+    assert not problems(run(fixed, path, captured=True)[3])
+    ends = []
+    for program in (source, fixed):
+        torch.manual_seed(0)
+        ns = {"__name__": "__main__"}
+        exec(compile(program, str(path), "exec"), ns)
+        ends.append(ns)
+    plain, after = ends
+    assert type(after["number"]) is float and after["number"] == plain["number"]
+    assert after["tensor"].grad_fn is None and torch.equal(after["tensor"], plain["tensor"].detach())

@@ -276,7 +276,12 @@ def nonleaf_requires_grad(trace: Trace) -> List[Diagnosis]:
         message = ("`%s` is not a leaf: it is %s, so it already has a history%s and requires grad through it. Only "
                    "a leaf's requires_grad can be set. %s sets it. PyTorch raised: \"%s\""
                    % (name, history, " (grad_fn %s)" % node if node else "", where(op), _raised(op.error)))
-        fix = fixes.nonleaf_requires_grad_fix(op.location.source if op.location else "", name)
+        # The same line setting the flag of other tensors without error, held by other names (a helper over a
+        # model's parameters; not an earlier value of the name a loop rebinds).
+        also_set = len({other.inputs[0] for other in trace.ops if other.location == op.location and other.inputs
+                        and other.name == op.name and not other.error and other.inputs[0] != tid
+                        and _name(trace, other.inputs[0]) != name}) if op.location else 0
+        fix = fixes.nonleaf_requires_grad_fix(op.location.source if op.location else "", name, also_set)
         diag = _diagnosis("nonleaf-requires-grad", op.location, message, fix, tensor=name, tids=(tid,), op=op)
         out.append(_saved_at(diag, made))
     return out

@@ -10,10 +10,11 @@ import bisect
 from typing import Dict, List, Optional, Tuple
 
 from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, also_changed, backward_outcome, code, counted,
-                     data_fix, data_swap_fix, describe_write, inplace_fix, kept_fix, leaf_fix, line_ref, where)
+                     data_fix, data_swap_fix, describe_write, inplace_fix, kept_fix, leaf_fix, line_ref, where,
+                     without_graph, writes_after)
 from ..model import DATA_SWAP, Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
 from .paths import engine_order, leading_to, reachable
-from .stores import storing_line
+from .stores import handed_loop_values, storing_line
 
 _LEAF_ERRORS = ("leaf Variable that requires grad is being used in an in-place operation",)
 # A call given `out=` refuses to run when any argument requires grad: a write into a leaf when the out
@@ -49,7 +50,8 @@ def _leaf_inplace(trace: Trace) -> List[Diagnosis]:
             "gradient must be computed with respect to the value the tensor had when it was used. "
             "PyTorch raised: \"%s\"" % (name, name, where(op), "a view of it" if view else "it",
                                          describe_write(op), op.error.split(": ", 1)[-1].split("\n")[0]))
-        fix = leaf_fix(text, name)
+        following = writes_after(trace.sources.get(loc.filename, []), loc.line) if loc else []
+        fix = leaf_fix(text, name, following, (loc.line, trace.file_label(loc.filename)) if loc else (0, ""))
         out.append(_diag(trace, "leaf-inplace", op, message, fix, tensor=name,
                          tids=(target,) if target is not None else ()))
     return out
@@ -477,7 +479,7 @@ def _linked_diagnosis(trace: Trace, chains: _SideChains, chain: int) -> Diagnosi
     source = op.location.source if op.location else ""
     fix = accumulation_fix(source, linked_name, linked_name != "the loss")
     if REPLACE not in fix:
-        detached = _detached_value(source)
+        detached = _detached_value(source, handed_loop_values(trace, op.location))
         if detached:
             fix = ("Keep the accumulated value without the graphs it links. %s\n%s\n"
                    "(or accumulate a Python number, `.item()`, if nothing reads it as a tensor)."
@@ -488,9 +490,10 @@ def _linked_diagnosis(trace: Trace, chains: _SideChains, chain: int) -> Diagnosi
     return diag
 
 
-def _detached_value(source: str) -> Optional[str]:
+def _detached_value(source: str, arguments=frozenset()) -> Optional[str]:
     """`self.sum += val * n` -> `self.sum += (val * n).detach()`: what a side chain assigns, without
-    the graphs it links (no backward runs through it, so no gradient changes)."""
+    the graphs it links (no backward runs through it, so no gradient changes); see fixes.without_graph
+    for a value read from an argument."""
     import ast
 
     try:
@@ -504,8 +507,11 @@ def _detached_value(source: str) -> Optional[str]:
         return None
     if isinstance(stmt.value, ast.Constant):
         return None
-    stmt.value = ast.Call(func=ast.Attribute(value=stmt.value, attr="detach", ctx=ast.Load()), args=[], keywords=[])
-    return ast.unparse(stmt)
+    text = ast.unparse(stmt)
+    value = ast.unparse(stmt.value)
+    if not text.endswith(value):
+        return None
+    return without_graph(text[:-len(value)], value, "", arguments) or None
 
 
 def _kept_apart(trace: Trace, chains: _SideChains) -> Optional[Diagnosis]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 from typing import Iterator, List, Optional, Tuple
 
+from ..fixes import without_graph
 from ..model import Location, Trace
 
 # Calls that add their argument to a container (list, deque, set) without replacing what it holds.
@@ -39,9 +40,47 @@ def storing_line(trace: Trace, made_at: Location, name: Optional[str]) -> Option
     if text and end_line == line:
         raw, (start, end) = text.encode(), columns  # the parser's columns count UTF-8 bytes
         stored = raw[start:end].decode()
-        detached = (raw[:start] + raw[start:end] + b".detach()" + raw[end:]).decode().strip()
+        indent = len(text) - len(text.lstrip())
+        detached = without_graph(raw[indent:start].decode(), raw[start:end].decode(), raw[end:].decode().rstrip(),
+                                 _handed_loop_values(trees, _innermost_scope(trees[filename], line)))
     where = Location(filename, line, made_at.function if filename == made_at.filename else "", text.strip())
     return where, detached, stored
+
+
+def handed_loop_values(trace: Trace, location: Optional[Location]) -> frozenset:
+    """The parameters of the function of this line that a call of it, in the user's files, fills with
+    the elements of a container it loops over (`for k, v in logs.items(): meter.update(v)`): a container
+    may hold Python numbers and tensors alike, so such a value is not known to be a tensor."""
+    if location is None:
+        return frozenset()
+    trees = _parsed(trace)
+    tree = trees.get(location.filename)
+    return _handed_loop_values(trees, _innermost_scope(tree, location.line)) if tree is not None else frozenset()
+
+
+def _handed_loop_values(trees: dict, function: ast.AST) -> frozenset:
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return frozenset()
+    params = [a.arg for a in function.args.posonlyargs + function.args.args]
+    method = bool(params) and params[0] in ("self", "cls")
+    positional = params[1:] if method else params
+    found = set()
+    for tree in trees.values():
+        for loop in ast.walk(tree):
+            if not isinstance(loop, (ast.For, ast.AsyncFor)):
+                continue
+            drawn = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+            for call in (c for stmt in loop.body for c in ast.walk(stmt) if isinstance(c, ast.Call)):
+                func = call.func
+                named = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+                if named != function.name:
+                    continue
+                for i, arg in enumerate(call.args[:len(positional)]):
+                    if isinstance(arg, ast.Name) and arg.id in drawn:
+                        found.add(positional[i])
+                found.update(k.arg for k in call.keywords if k.arg in params and isinstance(k.value, ast.Name)
+                             and k.value.id in drawn)
+    return frozenset(found)
 
 
 def _stored_from(trees: dict, filename: str, line: int, name: str, depth: int) -> Optional[List[tuple]]:
