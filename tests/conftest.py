@@ -1,3 +1,4 @@
+import atexit
 import os
 import pathlib
 import signal
@@ -34,6 +35,12 @@ def shell():
     ip.run_line_magic("colors", "nocolor")
     yield ip
     ip.run_line_magic("unload_ext", "jupyter_autograd")
+    # Each shell registers its exit work with atexit: at pytest's exit that would reset every test's
+    # shell, each with a full gc.collect over the suite's heap (minutes). Close its history now.
+    atexit.unregister(ip.atexit_operations)
+    if ip.history_manager is not None:
+        ip.history_manager.end_session()
+        ip.history_manager.close()
     InteractiveShell.clear_instance()
 
 
