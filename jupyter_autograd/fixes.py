@@ -35,6 +35,7 @@ from collections import Counter
 from typing import List, Optional, Tuple
 
 from .model import OpRecord, Trace
+from .statements import parsed_sources
 
 REPLACE = "Replace the culprit line with:"
 REPLACE_LINE = "Replace line %d of %s with:"
@@ -344,7 +345,7 @@ def _read_a_copy(trace: Trace, save: Optional[OpRecord], name: str, written: Opt
     if len(reads) != 1 or reads[0].lineno != 1:
         return None
     raw = src.strip().encode("utf-8")
-    start, end = reads[0].col_offset, reads[0].end_col_offset
+    end = reads[0].end_col_offset
     return (raw[:end] + b".clone()" + raw[end:]).decode("utf-8")
 
 
@@ -547,13 +548,7 @@ def _only_assignment(trace: Trace, name: str):
 
 
 def _parsed_sources(trace: Trace, only: Optional[str] = None):
-    for filename, lines in trace.sources.items():
-        if only is not None and filename != only:
-            continue
-        try:
-            yield filename, ast.parse("".join(lines))
-        except (SyntaxError, ValueError):
-            continue
+    return parsed_sources(trace.sources, only)
 
 
 # How the user wrote the ops that cut a chain: what a fix tells them to stop writing.

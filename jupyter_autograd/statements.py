@@ -7,9 +7,21 @@ from __future__ import annotations
 import ast
 import functools
 import re
-from typing import Dict, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 from .model import DATA_SWAP, Location
+
+
+def parsed_sources(sources: Dict[str, list], only: Optional[str] = None) -> Iterator[Tuple[str, ast.Module]]:
+    """(filename, syntax tree) of each source file a trace read (`trace.sources`), or of `only`; files
+    that do not parse (a cell of IPython syntax) are left out."""
+    for filename, lines in sources.items():
+        if only is not None and filename != only:
+            continue
+        try:
+            yield filename, ast.parse("".join(lines))
+        except (SyntaxError, ValueError):
+            continue
 
 
 class Statements:

@@ -13,7 +13,8 @@ from typing import Dict, List, Optional, Set
 
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, starved_fix, where
 from ..model import FREEZE_SETTER, GRAD_MODE_SWITCHES, Checkpoint, Diagnosis, Location, OpRecord, Trace
-from .paths import (FunctionCalls, ancestors, at_caller, at_maker, descendants, engine_order, exit_before, first_use,
+from ..statements import parsed_sources
+from .paths import (FunctionCalls, ancestors, at_caller, at_maker, engine_order, exit_before, first_use,
                     is_cut, is_exit, leading_to, made_from_values, node_at, reachable, scope_call, stops_after,
                     switch_left_on)
 
@@ -573,11 +574,7 @@ def _assignment_between(trace: Trace, attr: str, after: int, before: int) -> Opt
     function that ran ops between op indices `after` and `before`."""
     ran = {(op.location.filename, op.location.scope) for op in trace.ops[after + 1:before] if op.location}
     found = None
-    for filename, lines in trace.sources.items():
-        try:
-            tree = ast.parse("".join(lines))
-        except (SyntaxError, ValueError):
-            continue
+    for filename, tree in parsed_sources(trace.sources):
         for function in ast.walk(tree):
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
@@ -587,7 +584,8 @@ def _assignment_between(trace: Trace, attr: str, after: int, before: int) -> Opt
             for node in ast.walk(function):
                 if isinstance(node, ast.Assign) and any(
                         isinstance(t, ast.Attribute) and t.attr == attr for t in node.targets):
-                    found = Location(filename, node.lineno, function.name, lines[node.lineno - 1].strip(), first)
+                    found = Location(filename, node.lineno, function.name, trace.sources[filename][node.lineno - 1].strip(),
+                                     first)
     return found
 
 

@@ -6,6 +6,7 @@ recorded write did it, and whether a backward will ever run into it, and say so 
 """
 from __future__ import annotations
 
+import ast
 import bisect
 from typing import Dict, List, Optional, Tuple
 
@@ -14,6 +15,7 @@ from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, also_changed, b
                      without_graph, writes_after)
 from ..model import DATA_SWAP, Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
 from .paths import engine_order, leading_to, reachable
+from ..statements import parsed_sources
 from .stores import handed_loop_values, storing_line
 
 _LEAF_ERRORS = ("leaf Variable that requires grad is being used in an in-place operation",)
@@ -494,8 +496,6 @@ def _detached_value(source: str, arguments=frozenset()) -> Optional[str]:
     """`self.sum += val * n` -> `self.sum += (val * n).detach()`: what a side chain assigns, without
     the graphs it links (no backward runs through it, so no gradient changes); see fixes.without_graph
     for a value read from an argument."""
-    import ast
-
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -732,14 +732,14 @@ def _read_state(trace: Trace, op: OpRecord) -> Optional[str]:
     """The one attribute or element the line reads that the file also assigns (`self.prev` in
     `h = torch.tanh(z + self.prev)`, with `self.prev = h` elsewhere): where the state is kept between
     iterations."""
-    import ast
-
     if op.location is None:
         return None
     try:
         line = ast.parse(op.location.source)
-        whole = ast.parse("".join(trace.sources.get(op.location.filename, [])))
     except (SyntaxError, ValueError):
+        return None
+    whole = dict(parsed_sources(trace.sources, op.location.filename)).get(op.location.filename)
+    if whole is None:
         return None
     kinds = (ast.Attribute, ast.Subscript)
     assigned = {ast.unparse(n) for n in ast.walk(whole) if isinstance(n, kinds) and isinstance(n.ctx, ast.Store)}
@@ -752,8 +752,6 @@ def _read_state(trace: Trace, op: OpRecord) -> Optional[str]:
 
 def _is_expression(text: str) -> bool:
     """A name, an attribute or an element (`h`, `self.prev`, `memory["prev"]`): what `x = x.detach()` can rebind."""
-    import ast
-
     try:
         node = ast.parse(text, mode="eval").body
     except SyntaxError:
@@ -832,8 +830,6 @@ def _recurrences(trace: Trace, carried: Dict[object, tuple]) -> List[List[object
 def _assigned_name(trace: Trace, op: OpRecord) -> Optional[str]:
     """The name a line assigns to (`running_loss += loss` -> running_loss; `sums[k] = ...` ->
     sums[k]), from its source."""
-    import ast
-
     text = op.location.source if op.location else ""
     try:
         stmt = ast.parse(text).body[0]

@@ -14,6 +14,7 @@ from typing import Iterator, List, Optional, Tuple
 
 from ..fixes import without_graph
 from ..model import Location, Trace
+from ..statements import parsed_sources
 
 # Calls that add their argument to a container (list, deque, set) without replacing what it holds.
 _ADDING = {"append": 0, "appendleft": 0, "add": 0, "insert": 1}
@@ -137,13 +138,7 @@ def _only_assigned_call(trees: dict, function: ast.AST) -> Optional[Tuple[str, i
 
 
 def _parsed(trace: Trace) -> dict:
-    out = {}
-    for filename, lines in trace.sources.items():
-        try:
-            out[filename] = ast.parse("".join(lines))
-        except (SyntaxError, ValueError):
-            continue
-    return out
+    return dict(parsed_sources(trace.sources))
 
 
 def _innermost_scope(tree: ast.AST, line: int) -> ast.AST:
