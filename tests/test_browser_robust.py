@@ -120,18 +120,23 @@ def test_run_all_runs_the_cell_after_the_first_failing_autograd_cell(lab_with, p
         nbformat.v4.new_code_cell("%load_ext jupyter_autograd"),
         nbformat.v4.new_code_cell("%%autograd\n" + "import torch\nx = torch.ones(2, requires_grad=True)\ny = x.exp()\n"
                                   "y += 1\ny.sum().backward()", metadata={"tags": ["raises-exception"]}),
-        nbformat.v4.new_code_cell("print('the next cell ran')"),
+        # Slow on purpose: the queued cell is still running when the failing one has replied.
+        nbformat.v4.new_code_cell("import time\ntime.sleep(2)\nprint('the next cell ran')"),
     ])
     page.goto(url)
     page.wait_for_function(KERNEL_IDLE, timeout=90_000)
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    # Every cell done: run, or marked not run (an aborted request), once the failing one has replied.
-    page.wait_for_function("() => { const cells = window.jupyterapp.shell.currentWidget.content.widgets;"
-                           " return cells[1].model.executionCount !== null"
-                           " && cells.every((c) => c.model.executionState !== 'running'); }", timeout=180_000)
+    # When a cell of "Run All" fails, JupyterLab marks every cell not yet replied to as idle, also those
+    # the kernel has still to run: a cell's state says nothing then. Its reply sets its execution count
+    # (an aborted request's reply has none, and the wait runs out).
     cells = page.locator(".jp-CodeCell")
+    states = "() => window.jupyterapp.shell.currentWidget.content.widgets.map(" \
+             "(c) => [c.model.executionCount, c.model.executionState, c.model.outputs.length])"
+    try:
+        page.wait_for_function("() => window.jupyterapp.shell.currentWidget.content.widgets"
+                               ".every((c) => c.model.executionCount != null)", timeout=180_000)
+    except Exception as error:
+        raise AssertionError("cells not replied to: %s" % (page.evaluate(states),)) from error
     assert "RuntimeError" in cells.nth(1).locator(".jp-OutputArea").inner_text()
     cells.nth(1).locator(".ja-root .ja-diagnosis").first.wait_for(timeout=30_000)  # the report, drawn
-    states = page.evaluate("() => window.jupyterapp.shell.currentWidget.content.widgets.map("
-                           "(c) => [c.model.executionCount, c.model.executionState, c.model.outputs.length])")
-    assert "the next cell ran" in cells.nth(2).locator(".jp-OutputArea").inner_text(), states
+    assert "the next cell ran" in cells.nth(2).locator(".jp-OutputArea").inner_text(), page.evaluate(states)
