@@ -174,6 +174,14 @@ class AutogradWidget(anywidget.AnyWidget):
         return "<AutogradWidget: %d nodes, %d diagnoses>" % (self.node_count, len(self.diagnoses))
 
     # -- inputs from the front end ----------------------------------------------------------------
+    def close(self) -> None:
+        # ipywidgets gives every DOM widget a Layout widget of its own and keeps it open (with its
+        # comm) until that one is closed too: each re-run of a cell would leave one behind.
+        own_layout = self._trait_values.get("layout")
+        super().close()
+        if own_layout is not None:
+            own_layout.close()
+
     @t.observe("expanded")
     def _on_expanded(self, change):
         if self._scene is None:

@@ -165,6 +165,12 @@ def alive(client):
     return tuple(int(v) for v in results(messages)[0].strip("()").split(","))
 
 
+def open_widgets(client):
+    """How many widgets ipywidgets keeps open (each with its comm), of every kind."""
+    _, messages = execute(client, "import ipywidgets as _w\nlen(_w.Widget.widgets)")
+    return int(results(messages)[0])
+
+
 LOOP_CELL = """%%autograd
 import torch
 torch.manual_seed(0)
@@ -183,10 +189,12 @@ def test_memory_stays_flat_across_reruns_of_a_cell(measured_kernel):
     for _ in range(3):
         run_cell(client, LOOP_CELL, "the-loop-cell")
     start, traces, widgets = alive(client)
+    opened = open_widgets(client)
     for _ in range(17):
         run_cell(client, LOOP_CELL, "the-loop-cell")
     end, traces_end, widgets_end = alive(client)
     assert (traces_end, widgets_end) == (traces, widgets) == (1, 1)  # the live output's own
+    assert open_widgets(client) == opened  # also the widgets ipywidgets makes for it (its Layout)
     assert (end - start) / 17 < 64 * 1024, "%.0f KiB per re-run" % ((end - start) / 17 / 1024)
 
 
@@ -203,9 +211,11 @@ def test_each_cell_keeps_only_what_its_output_shows(measured_kernel):
     for i in range(1, 31):  # each cell again: its new output replaces the old one
         run_cell(client, small.format(i=i), "cell-%d" % i)
     assert alive(client)[1:] == (traces_30, widgets_30)
+    opened = open_widgets(client)
     # Deleted cells (JupyterLab says which with the next run): their widgets go.
     run_cell(client, "pass", "another-cell", deleted=["cell-%d" % i for i in range(1, 11)])
     assert alive(client)[1:] == (traces_30 - 10, widgets_30 - 10)
+    assert open_widgets(client) == opened - 2 * 10  # each with its Layout
     # Nothing shown, nothing kept: -q without a problem, and the text report.
     run_cell(client, "%%autograd -q\n" + small.format(i=1).split("\n", 1)[1], "quiet-cell")
     run_cell(client, "%%autograd --text\n" + small.format(i=1).split("\n", 1)[1], "text-cell")
