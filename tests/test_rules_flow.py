@@ -344,6 +344,73 @@ def test_model_outputs_kept_for_an_epoch_metric():
     assert "self.outputs.append(out.detach())" in d.fix
 
 
+class StepModule(nn.Module):
+    """A Lightning-like module: its training step returns what it computed, the loss inside a dict
+    or a tuple, and the loop that calls it decides what to keep."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(3, 1)
+
+    def training_step(self, x, y):
+        pred = self.net(x)
+        return {"loss": F.mse_loss(pred, y) + 0.1 * pred.abs().mean(), "metrics": {"size": len(x)}}
+
+    def validation_like_step(self, x, y):
+        loss = F.mse_loss(self.net(x), y)
+        return loss, len(x)
+
+
+def step_outputs_kept_for_the_epoch_end(data, as_numbers, probe):
+    torch.manual_seed(0)
+    module = StepModule()
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    outputs = []
+    for x, y in data:
+        opt.zero_grad()
+        output = module.training_step(x, y)
+        output["loss"].backward()
+        opt.step()
+        if as_numbers:
+            outputs.append({"loss": output["loss"].item(), "metrics": output["metrics"]})
+        else:
+            outputs.append(output)  # CULPRIT
+        probe(outputs)
+    return len(outputs)
+
+
+def test_a_dict_a_step_returns_kept_by_its_caller_is_named_where_it_is_kept():
+    d = _accumulates(step_outputs_kept_for_the_epoch_end, _data(), False)
+    assert (d.line, d.tensor) == (_line_of(step_outputs_kept_for_the_epoch_end), 'output["loss"]')
+    fixed = 'outputs.append({**output, "loss": output["loss"].detach()})'
+    assert fixed in d.fix
+    exec(compile(fixed, "fix", "exec"), {"outputs": [], "output": {"loss": torch.ones(1, requires_grad=True) * 2}})
+
+
+def test_a_dict_a_step_returns_kept_as_numbers_is_fine():
+    _fine(step_outputs_kept_for_the_epoch_end, _data(), True)
+
+
+def step_results_kept_whole(data, probe):
+    torch.manual_seed(0)
+    module = StepModule()
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    results = []
+    for x, y in data:
+        opt.zero_grad()
+        result = module.validation_like_step(x, y)
+        result[0].backward()
+        opt.step()
+        results.append(result)  # CULPRIT
+        probe(results)
+    return len(results)
+
+
+def test_a_tuple_a_step_returns_kept_by_its_caller_is_named_where_it_is_kept():
+    d = _accumulates(step_results_kept_whole, _data())
+    assert (d.line, d.tensor) == (_line_of(step_results_kept_whole), "loss")  # by its own name
+
+
 # -- accumulated-graph: the line that keeps them, from the second iteration on ----------------------
 
 class LossLog:

@@ -610,7 +610,7 @@ def _kept_apart(trace: Trace, chains: _SideChains) -> Optional[Diagnosis]:
 def _stored_at(trace: Trace, op: OpRecord, t_id: int):
     """The statement that adds the tensor to a container (stores.storing_line), by the name the
     line that made it assigns."""
-    return storing_line(trace, op.location, _assigned_name(trace, op)) if op.location is not None else None
+    return storing_line(trace, op.location, _assigned_name(trace, op), op.name) if op.location is not None else None
 
 
 def _held_steps(kept: List[tuple], current: List[int]) -> List[int]:

@@ -36,6 +36,20 @@ _BINARY = {ast.Add: {"add"}, ast.Sub: {"sub", "rsub"}, ast.Mult: {"mul"}, ast.Ma
 _UNARY = {ast.USub: {"neg", "negative"}, ast.UAdd: {"pos", "positive"}, ast.Invert: {"invert", "bitwise_not"}}
 _COMPARE = {ast.Gt: {"gt", "greater"}, ast.Lt: {"lt", "less"}, ast.GtE: {"ge", "greater_equal"},
             ast.LtE: {"le", "less_equal"}, ast.Eq: {"eq"}, ast.NotEq: {"ne", "not_equal"}}
+def outermost_runs(node: ast.AST, op_name: str) -> bool:
+    """Whether the expression's outermost operation can be the recorded op (`a + 0.1 * b`: an add;
+    `F.mse_loss(p, y)`: mse_loss), the last op its value comes from."""
+    short = op_name.rpartition(".")[2].strip("_")
+    if isinstance(node, ast.BinOp):
+        return short in _BINARY.get(type(node.op), ())
+    if isinstance(node, ast.UnaryOp):
+        return short in _UNARY.get(type(node.op), ())
+    if isinstance(node, ast.Call):
+        return same_op(node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None),
+                       op_name)
+    return False
+
+
 # Callees whose arguments, when tensors, are always an op's inputs (a user's function or module may
 # do anything with them).
 _TORCH_ROOTS = ("torch", "F", "nn", "init")

@@ -10,11 +10,13 @@ the evidence that each iteration's tensor goes into one container that grows.
 from __future__ import annotations
 
 import ast
+import json
 from typing import Iterator, List, Optional, Tuple
 
 from ..fixes import without_graph
 from ..model import Location, Trace
 from ..statements import parsed_sources
+from .names import outermost_runs
 
 # Calls that add their argument to a container (list, deque, set) without replacing what it holds.
 _ADDING = {"append": 0, "appendleft": 0, "add": 0, "insert": 1}
@@ -22,19 +24,22 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 _DEPTH = 3  # helpers passing the tensor on to helpers
 
 
-def storing_line(trace: Trace, made_at: Location, name: Optional[str]) -> Optional[Tuple[Location, str, str]]:
+def storing_line(trace: Trace, made_at: Location, name: Optional[str],
+                 op_name: str = "") -> Optional[Tuple[Location, str, str]]:
     """The one statement that adds the tensor `name`, made at `made_at`, to a container: in the
     function that made it, whose only binding of `name` is that line, in a function of the user's
     files it passes `name` to (the innermost statement), or in the one caller it returns `name`
-    to, by the name that caller assigns it; for a tensor with no name, the line that made it where
-    it adds what it computes (`self.states.append(h.clone())`). None where there is no such
-    statement, or more than one. With it, the statement as it would keep the tensor without its
-    graph (`.detach()`) and what it stores, as written (`h.clone()`), where it is one line."""
+    to, by the name that caller assigns it, also inside a dict or tuple it returns (`return
+    {"loss": loss}`: the caller's `outputs.append(output)` keeps it); for a tensor with no name, the
+    line that made it where it adds what it computes (`self.states.append(h.clone())`), or returns
+    it. None where there is no such statement, or more than one. With it, the statement as it would
+    keep the tensor without its graph (`.detach()`; "" where what is stored holds the tensor) and
+    the tensor as the statement reaches it (`h.clone()`, `output["loss"]`), where it is one line."""
     trees = _parsed(trace)
-    found = _stored_from(trees, made_at.filename, made_at.line, name, _DEPTH)
+    found = _stored_from(trees, made_at.filename, made_at.line, name, _DEPTH, op_name=op_name)
     if not found or len(found) != 1:
         return None
-    filename, line, end_line, columns = found[0]
+    filename, line, end_line, columns, within = found[0]
     lines = trace.sources.get(filename, [])
     text = lines[line - 1].rstrip("\n") if 0 < line <= len(lines) else ""
     detached = stored = ""
@@ -42,8 +47,15 @@ def storing_line(trace: Trace, made_at: Location, name: Optional[str]) -> Option
         raw, (start, end) = text.encode(), columns  # the parser's columns count UTF-8 bytes
         stored = raw[start:end].decode()
         indent = len(text) - len(text.lstrip())
-        detached = without_graph(raw[indent:start].decode(), raw[start:end].decode(), raw[end:].decode().rstrip(),
-                                 _handed_loop_values(trees, _innermost_scope(trees[filename], line)))
+        head, tail = raw[indent:start].decode(), raw[end:].decode().rstrip()
+        if within is None:
+            detached = without_graph(head, stored, tail,
+                                     _handed_loop_values(trees, _innermost_scope(trees[filename], line)))
+        else:  # the dict or tuple that holds the tensor is stored: `.detach()` is no method of it
+            element = "%s[%s]" % (stored, json.dumps(within))
+            if isinstance(within, str):  # a copy of the dict, that one value without its graph
+                detached = "%s{**%s, %s: %s.detach()}%s" % (head, stored, json.dumps(within), element, tail)
+            stored = element
     where = Location(filename, line, made_at.function if filename == made_at.filename else "", text.strip())
     return where, detached, stored
 
@@ -84,9 +96,11 @@ def _handed_loop_values(trees: dict, function: ast.AST) -> frozenset:
     return frozenset(found)
 
 
-def _stored_from(trees: dict, filename: str, line: int, name: str, depth: int) -> Optional[List[tuple]]:
-    """Where the tensor that the statement at `line` binds to `name` is added to a container: in
-    its function, the functions it is passed to, and the caller it is returned to."""
+def _stored_from(trees: dict, filename: str, line: int, name: str, depth: int,
+                 within=None, op_name: str = "") -> Optional[List[tuple]]:
+    """Where the tensor that the statement at `line` binds to `name` (inside it at the key or index
+    `within`, where that is not None) is added to a container: in its function, the functions it is
+    passed to, and the caller it is returned to. Each place with `within`."""
     tree = trees.get(filename)
     if tree is None:
         return None
@@ -96,20 +110,73 @@ def _stored_from(trees: dict, filename: str, line: int, name: str, depth: int) -
         return None
     statement = min(made, key=lambda n: n.end_lineno - n.lineno)
     if name is None:
+        if isinstance(statement, ast.Return) and statement.value is not None:
+            within = _element_made(statement.value, op_name)
+            site = _only_assigned_call(trees, scope) if depth and within is not _NOT_HERE else None
+            return _stored_from(trees, *site, depth - 1, within) if site is not None else None
         arg = _added(statement.value) if isinstance(statement, ast.Expr) else None
         if arg is None or isinstance(arg, (ast.Name, ast.Attribute, ast.Subscript)):
             return None  # not what the line computed
-        return [(filename, statement.lineno, statement.end_lineno, (arg.col_offset, arg.end_col_offset))]
+        return [(filename, statement.lineno, statement.end_lineno, (arg.col_offset, arg.end_col_offset), within)]
     bound = _bindings(scope, name)
     if not bound or not all(statement.lineno <= at <= statement.end_lineno for at in bound):
         return None  # the name means other tensors too
-    found = _stores(trees, filename, scope, name, _DEPTH)
-    if depth and any(isinstance(n, ast.Return) and n.value is not None and _is(n.value, name)
-                     for n in _own_nodes(scope)):
+    found = [store + (within,) for store in _stores(trees, filename, scope, name, _DEPTH)]
+    returned = {_element_named(n.value, name) for n in _own_nodes(scope)
+                if isinstance(n, ast.Return) and n.value is not None} - {_NOT_HERE}
+    if depth and within is None and len(returned) == 1:
         site = _only_assigned_call(trees, scope)
         if site is not None:
-            found += _stored_from(trees, *site, depth - 1) or []
-    return sorted(set(found))
+            found += _stored_from(trees, *site, depth - 1, returned.pop()) or []
+    return sorted(set(found), key=repr)
+
+
+_NOT_HERE = object()  # _element_named and _element_made: the value is not where the tensor is (0 is an index)
+
+
+def _element_named(value: ast.expr, name: str):
+    """Where a returned value holds the tensor `name`: None for the value itself, the key or index
+    of a dict or tuple written out (`{"loss": loss}`: "loss"), else _NOT_HERE."""
+    if _is(value, name):
+        return None
+    for key, element in _elements(value):
+        if _is(element, name):
+            return key
+    return _NOT_HERE
+
+
+def _element_made(value: ast.expr, op_name: str):
+    """Where a returned value holds the tensor its line computed (by the op `op_name`): None for the
+    value itself, the key or index of the one element of a dict or tuple written out whose outermost
+    operation is that op (`{"loss": a + b, "size": len(x)}`: "loss" for an add), or else of the one
+    element not written out; _NOT_HERE where there is no such element, or several."""
+    elements = list(_elements(value))
+    if not elements and not isinstance(value, (ast.Dict, ast.Tuple, ast.List)):
+        return None
+    for candidates in ([key for key, element in elements if outermost_runs(element, op_name)],
+                       [key for key, element in elements if not _written_out(element)]):
+        if candidates:
+            return candidates[0] if len(candidates) == 1 else _NOT_HERE
+    return _NOT_HERE
+
+
+def _elements(value: ast.expr) -> Iterator[tuple]:
+    if isinstance(value, ast.Dict):
+        for key, element in zip(value.keys, value.values):
+            if isinstance(key, ast.Constant) and isinstance(key.value, (str, int)):
+                yield key.value, element
+    elif isinstance(value, (ast.Tuple, ast.List)) and not any(isinstance(e, ast.Starred) for e in value.elts):
+        yield from enumerate(value.elts)
+
+
+def _written_out(node: ast.expr) -> bool:
+    """A value written out in the source (a number, a string, a container of them), no tensor."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, (ast.Dict, ast.Tuple, ast.List, ast.Set)):
+        children = (node.values if isinstance(node, ast.Dict) else node.elts)
+        return all(_written_out(child) for child in children)
+    return False
 
 
 def _only_assigned_call(trees: dict, function: ast.AST) -> Optional[Tuple[str, int, str]]:
