@@ -25,8 +25,7 @@ class MoE(nn.Module):
         super().__init__()
         self.device, self.k = device, k
         self.experts = nn.ModuleList([MLP(input_size, output_size, hidden_size) for _ in range(num_experts)])
-        self.w_gate = nn.Parameter(torch.zeros(input_size, num_experts, dtype=torch.float64),  # @culprit
-                                   requires_grad=True).to(self.device, dtype)
+        self.w_gate = nn.Parameter(torch.zeros(input_size, num_experts, dtype=torch.float64), requires_grad=True).to(self.device, dtype)  # @culprit
 
     def top_k_gating(self, x):
         logits = x @ self.w_gate
