@@ -114,17 +114,17 @@ def written_tensor(op, text: str, parsed, made_in_statement) -> Optional[Tuple[i
     found = parsed[key]
     if found is None:
         return None
-    expression, spelling, callee = found
+    expression, spelling, callees = found
     if spelling == "out":
         tid = op.out[0] if op.out else (op.writes[0] if len(op.writes) == 1 else None)
-        if tid is None or op.name.rpartition(".")[2] != callee:
+        if tid is None or op.name.rpartition(".")[2] not in callees:
             return None
     elif spelling == "swap":
         if op.name != DATA_SWAP or not op.inputs:
             return None
         tid = op.inputs[0]
     else:
-        if not op.inputs or not same_op(callee, op.name):
+        if not op.inputs or not any(same_op(callee, op.name) for callee in callees):
             return None
         tid = op.inputs[0]
     while isinstance(expression, ast.Subscript):
@@ -156,8 +156,10 @@ _MODULE_ROOTS = ("torch", "nn", "F", "init", "np")
 
 
 def write_expression(text: str):
-    """(the expression written, how the write is spelled, the name of its call) of a statement that
-    writes in place through exactly one expression, else None."""
+    """(the expression written, how the write is spelled, the names of its calls) of a statement that
+    writes in place through exactly one expression, else None. In-place methods return the tensor
+    they wrote, so a chain of them (`self.avg.mul_(m).add_(x)`) is one write, through its first
+    receiver."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
@@ -165,38 +167,48 @@ def write_expression(text: str):
     if len(tree.body) != 1:
         return None
     stmt = tree.body[0]
-    found = []
+    found = []  # [expression, spelling, callees, the call]
     if isinstance(stmt, ast.AugAssign):
-        found.append((stmt.target, "augmented", "__i%s__" % BINOPS.get(type(stmt.op), "?")))
+        found.append([stmt.target, "augmented", ("__i%s__" % BINOPS.get(type(stmt.op), "?"),), None])
     elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
         target = stmt.targets[0]
         if isinstance(target, ast.Subscript):
-            found.append((target.value, "setitem", "__setitem__"))
+            found.append([target.value, "setitem", ("__setitem__",), None])
         elif isinstance(target, ast.Attribute) and target.attr == "data":
-            found.append((target.value, "swap", "data"))
+            found.append([target.value, "swap", ("data",), None])
     for node in ast.walk(stmt):
         if not isinstance(node, ast.Call):
             continue
         for keyword in node.keywords:
             if keyword.arg == "out":
-                found.append((keyword.value, "out", callee_name(node.func)))
+                found.append([keyword.value, "out", (callee_name(node.func),), node])
             elif (keyword.arg == "inplace" and isinstance(keyword.value, ast.Constant)
                   and keyword.value.value is True and node.args):
-                found.append((node.args[0], "inplace", callee_name(node.func)))
+                found.append([node.args[0], "inplace", (callee_name(node.func),), node])
         func = node.func
         if (isinstance(func, ast.Name) and func.id == "setattr" and len(node.args) == 3
                 and isinstance(node.args[1], ast.Constant) and node.args[1].value == "data"):
-            found.append((node.args[0], "swap", "data"))
+            found.append([node.args[0], "swap", ("data",), node])
         elif isinstance(func, ast.Attribute) and func.attr.endswith("_") and not func.attr.startswith("_"):
             receiver = dotted(func.value)
             if receiver is not None and receiver.partition(".")[0] in _MODULE_ROOTS:
                 if node.args:  # `nn.init.zeros_(x)`, `torch.relu_(x)`: the first argument is written
-                    found.append((node.args[0], "inplace", func.attr))
+                    found.append([node.args[0], "inplace", (func.attr,), node])
             else:
-                found.append((func.value, "method", func.attr))
-    if len(found) != 1 or not found[0][2]:
+                found.append([func.value, "method", (func.attr,), node])
+    chained = True
+    while chained:  # `a.mul_(m).add_(x)`: the add_ writes what the mul_ wrote, `a`
+        chained = False
+        for outer in found:
+            inner = next((f for f in found if outer[1] == f[1] == "method" and outer[0] is f[3]), None)
+            if inner is not None:
+                outer[0], outer[2] = inner[0], inner[2] + outer[2]
+                found.remove(inner)
+                chained = True
+                break
+    if len(found) != 1 or not all(found[0][2]):
         return None
-    return found[0]
+    return tuple(found[0][:3])
 
 
 def callee_name(func) -> Optional[str]:

@@ -538,3 +538,49 @@ def test_a_term_detached_on_purpose_is_no_cut():
     with ja.capture() as trace:
         _step_with(make_loss, 1.0)
     assert _problems(trace) == [], trace.report()
+
+
+# -- a cut that drops a graph, beside a model run with no graph on purpose ---------------------------
+
+class _Policy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(4, 3)
+
+
+class _RewardModel:
+    """Scores what the policy did; run under no_grad on purpose: its weights are no part of training."""
+
+    def __init__(self):
+        self.model = nn.Linear(1, 1)
+
+    def score(self, action):
+        with torch.no_grad():
+            return torch.sigmoid(self.model(torch.tensor([[float(action)]]))).squeeze()  # NO GRAPH
+
+
+def _policy_gradient(policy, rewarder, through_item):
+    torch.manual_seed(0)
+    loss = 0
+    for _ in range(2):
+        log_probs = F.log_softmax(policy.net(torch.randn(1, 4)), dim=1)
+        reward = rewarder.score(1)
+        if through_item:
+            loss -= log_probs[0, 1].item() * reward  # CULPRIT
+        else:
+            loss -= log_probs[0, 1] * reward
+    loss.backward()
+
+
+def test_a_number_taken_out_of_the_graph_is_the_cut_not_a_model_run_without_one():
+    torch.manual_seed(0)
+    policy, rewarder = _Policy(), _RewardModel()
+    _policy_gradient(policy, rewarder, through_item=False)  # the oracle: without .item() the policy trains
+    assert policy.net.weight.grad is not None and rewarder.model.weight.grad is None
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        _policy_gradient(_Policy(), rewarder, through_item=True)
+    with ja.capture() as trace:
+        with pytest.raises(RuntimeError, match="does not require grad"):
+            _policy_gradient(_Policy(), rewarder, through_item=True)
+    [d] = trace.diagnoses
+    assert (d.kind, d.line) == ("graph-cut", _line_of(_policy_gradient)), trace.report()

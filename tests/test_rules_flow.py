@@ -1225,3 +1225,37 @@ def test_a_window_of_recent_losses_is_bounded_and_fine(window, steps):
     with ja.capture() as trace:
         train_with_a_window(window, _ignore, steps)
     assert [p for p in _problems(trace) if p[0] == "accumulated-graph"] == [], trace.report()
+
+
+# -- a chain of in-place methods writes one tensor: its first receiver -------------------------------
+
+class RunningNorm(nn.Module):
+    """A batch norm of one's own that updates its buffer from the batch's mean without detaching it."""
+
+    def __init__(self, features, momentum=0.1):
+        super().__init__()
+        self.momentum = momentum
+        self.register_buffer("running_mean", torch.zeros(features))
+
+    def forward(self, x):
+        mean = x.mean(0)
+        self.running_mean.mul_(1 - self.momentum).add_(mean * self.momentum)  # CULPRIT
+        return x - mean
+
+
+def running_norm_training(data, probe):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), RunningNorm(3), nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in data:
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        probe(model[1].running_mean)
+    return model
+
+
+def test_a_chain_of_in_place_methods_names_the_tensor_it_writes():
+    d = _accumulates(running_norm_training, _data())
+    assert (d.line, d.tensor) == (_line_of(RunningNorm.forward), "self.running_mean")

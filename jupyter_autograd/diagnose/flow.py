@@ -412,7 +412,8 @@ def _find_cut(trace: Trace, root: int, before: int):
     for op in trace.ops[:before]:  # a Python value in the chain: the op that made it is the cut
         if any(t in found for t in op.inputs + op.outputs) and not op.is_backward:
             exit_op = exit_before(trace, op, made_from_values(trace, op))
-            if exit_op is not None and is_cut(trace, exit_op) and any(t in found for t in exit_op.inputs):
+            if exit_op is not None and is_cut(trace, exit_op) and (
+                    any(t in found for t in exit_op.inputs) or _drops_a_graph(trace, exit_op)):
                 cuts.append(exit_op)
     # Frozen: without grad when the block ends if still alive (a model built in the block and frozen
     # there was made with it), else when first seen. When nothing it came from requires grad but
@@ -438,9 +439,18 @@ def _find_cut(trace: Trace, root: int, before: int):
         use = freezing[-1] if freezing else (in_forward or uses or [None])[0]
         return use, "every parameter it was computed from is frozen (`requires_grad=False`)"
     if cuts:
-        cut = max(cuts, key=lambda op: op.index)
+        # A cut that drops a graph already built, before one where no graph was recorded on purpose (a
+        # reward or a teacher run under no_grad); of those, the last.
+        cut = max(cuts, key=lambda op: (_drops_a_graph(trace, op), op.index))
         return cut, _why_cut(cut)
     return None, "from data alone"
+
+
+def _drops_a_graph(trace: Trace, cut: OpRecord) -> bool:
+    """Whether `cut` took its values from a tensor with a graph behind it (`log_probs[0, i].item()`),
+    not from what ran with no graph recorded at all (a reward model's forward under no_grad)."""
+    return any(t in trace.tensors and trace.tensors[t].first_requires_grad and not trace.tensors[t].is_leaf
+               for t in cut.inputs)
 
 
 def _why_switched_off(switch: OpRecord, met: OpRecord) -> str:

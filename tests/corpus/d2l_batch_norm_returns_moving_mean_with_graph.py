@@ -2,7 +2,9 @@
 # `moving_mean = momentum * moving_mean + (1.0 - momentum) * mean` from the batch's mean, which carries
 # the graph, and the module stores the result back on itself (`self.moving_mean`, a plain attribute).
 # Each step's moving mean holds the previous one and that step's graph: the chain grows every step.
-# expect: accumulated-graph tensor=self.moving_mean
+# The tensor goes by the name the culprit line writes, `moving_mean` (the module keeps the result
+# on `self.moving_mean`, a plain attribute, through a tuple assignment in its forward).
+# expect: accumulated-graph tensor=moving_mean
 # outcome: ok
 import torch
 from torch import nn

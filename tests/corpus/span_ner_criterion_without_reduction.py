@@ -1,6 +1,8 @@
 # DeepNER's SpanModel builds its criterion with reduction='none' (kept for the pseudo-label
 # weighting), but on the ordinary path it adds the per-token start and end losses and returns
 # that vector as the loss; the training loop's loss.backward() then refuses a non-scalar.
+# The culprit is the line that made the loss backward starts from: one `.mean()` there fixes both
+# criterion calls (the criterion itself is built once, for the weighted path too).
 # expect: nonscalar-backward
 # outcome: raises RuntimeError
 import torch
@@ -31,9 +33,9 @@ class SpanModel(nn.Module):
             active_end_logits = end_logits[active_loss]
             active_start_labels = start_ids.view(-1)[active_loss]
             active_end_labels = end_ids.view(-1)[active_loss]
-            start_loss = self.criterion(active_start_logits, active_start_labels)  # @culprit
+            start_loss = self.criterion(active_start_logits, active_start_labels)
             end_loss = self.criterion(active_end_logits, active_end_labels)
-            loss = start_loss + end_loss
+            loss = start_loss + end_loss  # @culprit
             out = (loss,) + out
         return out
 
