@@ -140,14 +140,17 @@ def _out_as_copy(text: str) -> Optional[str]:
     return ast.unparse(stmt)
 
 
-def accumulation_fix(src: str, linked_name: str, linked_known: bool) -> str:
+def accumulation_fix(src: str, linked_name: Optional[str]) -> str:
     # .detach(), not .item(): the accumulator stays a tensor, so code that reads it later
     # (`running_loss.item() / n`) still runs.
-    fixed = _replace_name(src, linked_name, linked_name + ".detach()") if src and linked_known else ""
+    fixed = _replace_name(src, linked_name, linked_name + ".detach()") if src and linked_name else ""
     if fixed and fixed != src and _is_simple_statement(fixed):
         return ("Accumulate the value without its graph. %s\n%s\n"
                 "(or a Python number, `%s.item()`, if nothing reads the total as a tensor)."
                 % (REPLACE, code(fixed), _expr(linked_name)))
+    if not linked_name:
+        return ("Accumulate what this line adds without its graph: its `.detach()`, or a Python number "
+                "(`.item()`), instead of the tensor.")
     return "Accumulate `%s.item()` (a Python number) or `%s.detach()` instead of the tensor." % (
         _expr(linked_name), _expr(linked_name))
 
@@ -240,7 +243,8 @@ def describe_write(op: OpRecord) -> str:
         return "`%s`" % name
     if op.out:
         return "`%s(..., out=...)`, which writes its result into it" % name
-    return "`%s(..., inplace=True)`" % name if name.startswith("F.") else "`%s` (which writes to its input)" % name
+    return "`%s(..., inplace=True)`" % name if name.startswith("F.") and short in _MODULES else \
+        "`%s` (which writes to a tensor it is given)" % name
 
 
 _AUG = {"__iadd__": "+=", "__isub__": "-=", "__imul__": "*=", "__itruediv__": "/=", "__ipow__": "**=",
@@ -307,10 +311,12 @@ def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[
                 "for every loss that uses them before optimizer.step(), or run the forward pass again after the "
                 "step (in GAN training: compute the generator's loss after the discriminator's step, or detach "
                 "it).")
-    if not short.endswith("_") and op.name.startswith("F."):
-        built = _inplace_module_fix(trace, op)
-        if built:
-            return built + before
+    built = _inplace_module_fix(trace, op) if not short.endswith("_") and op.name.startswith("F.") else None
+    if built:
+        return built + before
+    # A functional that writes only when given `inplace=True` (F.relu); F.embedding with max_norm
+    # renormalises the weight it looks up whatever it is given: its saving line reads a copy (below).
+    if not short.endswith("_") and op.name.startswith("F.") and short in _MODULES:
         module = _MODULES.get(short)
         example = ("\n%s\n" % code("nn.%s(inplace=False)" % module)) if module else " "
         return ("%s %s runs `%s(..., inplace=True)` inside this call. Build the model with the out-of-place "
@@ -340,8 +346,12 @@ def _read_a_copy(trace: Trace, save: Optional[OpRecord], name: str, written: Opt
     stmt = _single_statement(src)
     if stmt is None:
         return None
+    # A module's parameter goes by its path from the model (`model.entity.weight`); inside the module's
+    # own code, by `self.` and the rest of that path (`self.entity.weight`).
+    parts = name.split(".")
+    spellings = {name} | {".".join(["self"] + parts[i:]) for i in range(1, len(parts))}
     reads = [node for node in ast.walk(stmt) if isinstance(node, (ast.Name, ast.Attribute))
-             and isinstance(node.ctx, ast.Load) and ast.unparse(node) == name]
+             and isinstance(node.ctx, ast.Load) and ast.unparse(node) in spellings]
     if len(reads) != 1 or reads[0].lineno != 1:
         return None
     raw = src.strip().encode("utf-8")

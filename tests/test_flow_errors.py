@@ -402,6 +402,45 @@ def test_a_moved_leaf_returned_under_another_name_is_fixed_under_the_name_its_li
     assert not la.is_leaf
 
 
+class _MovedGate(nn.Module):
+    """A gate wrapped as a Parameter and then moved: the move returns a plain tensor, never registered."""
+
+    def __init__(self):
+        super().__init__()
+        self.expert = nn.Linear(4, 1)
+        self.w_gate = nn.Parameter(torch.zeros(4, 1, dtype=torch.float64), requires_grad=True).to(torch.float32)
+
+    def forward(self, x):
+        return self.expert(x) * torch.sigmoid(x @ self.w_gate)
+
+
+class _GateMovedFirst(_MovedGate):
+    def __init__(self):
+        super().__init__()
+        self.w_gate = nn.Parameter(torch.zeros(4, 1, dtype=torch.float64).to(torch.float32), requires_grad=True)
+
+
+def _train_gated(model):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(3, 4)).pow(2).mean().backward()
+        opt.step()
+    return model
+
+
+def test_a_parameter_moved_after_it_was_made_gets_a_fix_that_makes_the_moved_tensor_the_parameter():
+    fixed = _train_gated(_GateMovedFirst())  # the oracle: the module written so trains its gate
+    assert "w_gate" in dict(fixed.named_parameters()) and fixed.w_gate.grad is not None
+    broken = _train_gated(_MovedGate())
+    assert "w_gate" not in dict(broken.named_parameters()) and broken.w_gate.grad is None
+    with ja.capture() as trace:
+        _train_gated(_MovedGate())
+    [d] = [d for d in trace.diagnoses if d.kind == "missing-grad"]
+    assert ("self.w_gate = nn.Parameter(torch.zeros(4, 1, dtype=torch.float64).to(torch.float32), "
+            "requires_grad=True)") in d.fix, d.fix  # as _GateMovedFirst writes it
+
+
 def test_a_moved_leaf_that_only_lives_on_an_object_is_named_by_the_attribute_that_holds_it():
     class Agent:
         def __init__(self):

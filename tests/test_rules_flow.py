@@ -1238,9 +1238,8 @@ class RunningNorm(nn.Module):
         self.register_buffer("running_mean", torch.zeros(features))
 
     def forward(self, x):
-        mean = x.mean(0)
-        self.running_mean.mul_(1 - self.momentum).add_(mean * self.momentum)  # CULPRIT
-        return x - mean
+        self.running_mean.mul_(1 - self.momentum).add_(x.mean(0) * self.momentum)  # CULPRIT
+        return x - x.mean(0)
 
 
 def running_norm_training(data, probe):
@@ -1259,3 +1258,9 @@ def running_norm_training(data, probe):
 def test_a_chain_of_in_place_methods_names_the_tensor_it_writes():
     d = _accumulates(running_norm_training, _data())
     assert (d.line, d.tensor) == (_line_of(RunningNorm.forward), "self.running_mean")
+
+
+def test_a_chain_of_in_place_methods_gets_a_fix_that_detaches_what_it_adds():
+    d = _accumulates(running_norm_training, _data())
+    assert "self.running_mean.mul_(1 - self.momentum).add_((x.mean(0) * self.momentum).detach())" in d.fix, d.fix
+    assert "the loss" not in d.message + d.fix  # a value with no name is not called the loss

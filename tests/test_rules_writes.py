@@ -931,3 +931,46 @@ def test_a_compiled_functions_output_is_the_callers_name_and_its_save_the_call()
     assert (d.kind, d.line, d.saved_line, d.tensor) == (
         "saved-tensor-modified", line_of("names-compiled-write"), line_of("names-compiled-call"), "out")
     assert "out = out * 2" in d.fix
+
+
+# -- a functional that writes what it is given without an inplace= flag ------------------------------
+
+class _EntityScorer(nn.Module):
+    """An embedding with max_norm renormalises the rows it looks up in place (PyTorch's documentation
+    of nn.Embedding says so): the whole table, used before the lookup, was saved as it was."""
+
+    def __init__(self):
+        super().__init__()
+        self.entity = nn.Embedding(3, 5, max_norm=True)
+        self.W = nn.Parameter(torch.randn(7, 5))
+
+    def forward(self, idx):
+        a = self.entity.weight @ self.W.t()  # SAVED
+        b = self.entity(idx) @ self.W.t()
+        return a.unsqueeze(0) + b.unsqueeze(1)
+
+
+class _EntityScorerReadingACopy(_EntityScorer):
+    def forward(self, idx):
+        a = self.entity.weight.clone() @ self.W.t()
+        b = self.entity(idx) @ self.W.t()
+        return a.unsqueeze(0) + b.unsqueeze(1)
+
+
+def test_a_lookup_that_renormalises_the_saved_table_gets_the_documented_copy_on_the_saving_line():
+    import inspect
+
+    torch.manual_seed(0)
+    _EntityScorerReadingACopy()(torch.tensor([1, 2])).sum().backward()  # the oracle: the copy runs
+    torch.manual_seed(0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _EntityScorer()(torch.tensor([1, 2])).sum().backward()
+    torch.manual_seed(0)
+    with ja.capture() as trace:
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            _EntityScorer()(torch.tensor([1, 2])).sum().backward()
+    [d] = trace.diagnoses
+    assert d.kind == "saved-tensor-modified" and "inplace=True" not in d.fix + d.message, d.fix
+    lines, first = inspect.getsourcelines(_EntityScorer.forward)
+    saved = first + next(i for i, line in enumerate(lines) if "# SAVED" in line)
+    assert "Replace line %d" % saved in d.fix and "a = self.entity.weight.clone() @ self.W.t()" in d.fix, d.fix

@@ -710,6 +710,12 @@ def _leaf_after_move_fix(src: str, name: str) -> str:
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign):
         return fallback
     stmt = tree.body[0]
+    target = ast.unparse(stmt.targets[0]) if len(stmt.targets) == 1 else name
+    inside = _moved_into_parameter(stmt.value)
+    if inside is not None:  # `nn.Parameter(x).to(d)`: a Parameter stays one only if made after the move
+        stmt.value = inside
+        return ("Move the tensor before it becomes a Parameter, so that `%s` is the Parameter the module "
+                "registers and the optimizer updates. %s\n%s" % (target, REPLACE, code(ast.unparse(stmt))))
     removed = False
     for node in ast.walk(stmt.value):
         if isinstance(node, ast.Call):
@@ -721,8 +727,26 @@ def _leaf_after_move_fix(src: str, name: str) -> str:
     stmt.value = ast.Call(func=ast.Attribute(value=stmt.value, attr="requires_grad_", ctx=ast.Load()),
                           args=[], keywords=[])
     # The name that line gives it (`log_alpha`, returned and called `la` by the caller).
-    target = ast.unparse(stmt.targets[0]) if len(stmt.targets) == 1 else name
     return "Set requires_grad after the move, so `%s` is the leaf. %s\n%s" % (target, REPLACE, code(ast.unparse(stmt)))
+
+
+def _moved_into_parameter(value: ast.expr) -> Optional[ast.expr]:
+    """`nn.Parameter(x, requires_grad=True).to(d, t)` as `nn.Parameter(x.to(d, t), requires_grad=True)`:
+    the methods called on the Parameter, called on what it wraps. None for any other expression."""
+    def is_parameter(node):
+        return isinstance(node, ast.Call) and ast.unparse(node.func).rpartition(".")[2] == "Parameter"
+
+    chain = []
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and not is_parameter(value):
+        chain.append(value)
+        value = value.func.value
+    if not chain or not is_parameter(value) or not value.args:
+        return None
+    wrapped = value.args[0]
+    for call in reversed(chain):
+        wrapped = ast.Call(func=ast.Attribute(value=wrapped, attr=call.func.attr, ctx=ast.Load()), args=call.args,
+                           keywords=call.keywords)
+    return ast.Call(func=value.func, args=[wrapped] + value.args[1:], keywords=value.keywords)
 
 
 def _unused_inputs(trace: Trace) -> List[Diagnosis]:

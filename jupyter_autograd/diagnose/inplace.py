@@ -471,15 +471,14 @@ def _linked_diagnosis(trace: Trace, chains: _SideChains, chain: int) -> Diagnosi
     link = chains.link[chain]
     linked = link[1] if link is not None else None
     name = _assigned_name(trace, op) or trace.tensor_label(op.outputs[0] if op.outputs else None)
-    linked_name = (trace.tensors[linked].name if linked in trace.tensors and trace.tensors[linked].name
-                   else "the loss")
+    linked_name = trace.tensors[linked].name if linked in trace.tensors else None
     message = (
         "`%s` holds the autograd graphs of %d iterations that were already backpropagated: %s adds "
-        "`%s`, a tensor still attached to its graph, so each iteration's whole graph stays linked into `%s`. "
+        "%sa tensor still attached to its graph, so each iteration's whole graph stays linked into `%s`. "
         "Nothing will ever backpropagate through them, but none can be freed, so memory grows with every "
-        "iteration." % (name, held, where(op), linked_name, name))
+        "iteration." % (name, held, where(op), "`%s`, " % linked_name if linked_name else "", name))
     source = op.location.source if op.location else ""
-    fix = accumulation_fix(source, linked_name, linked_name != "the loss")
+    fix = accumulation_fix(source, linked_name)
     if REPLACE not in fix:
         detached = _detached_value(source, handed_loop_values(trace, op.location))
         if detached:
@@ -493,7 +492,8 @@ def _linked_diagnosis(trace: Trace, chains: _SideChains, chain: int) -> Diagnosi
 
 
 def _detached_value(source: str, arguments=frozenset()) -> Optional[str]:
-    """`self.sum += val * n` -> `self.sum += (val * n).detach()`: what a side chain assigns, without
+    """`self.sum += val * n` -> `self.sum += (val * n).detach()`, `self.avg.mul_(m).add_(x)` ->
+    `self.avg.mul_(m).add_(x.detach())`: what a side chain assigns or adds in place, without
     the graphs it links (no backward runs through it, so no gradient changes); see fixes.without_graph
     for a value read from an argument."""
     try:
@@ -503,6 +503,15 @@ def _detached_value(source: str, arguments=frozenset()) -> Optional[str]:
     if len(tree.body) != 1:
         return None
     stmt = tree.body[0]
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Attribute) \
+            and stmt.value.func.attr.endswith("_") and len(stmt.value.args) == 1:
+        # `self.avg.mul_(m).add_(x * (1 - m))`: the in-place method takes the value it links in
+        added = stmt.value.args[0]
+        if isinstance(added, ast.Constant) or arguments & {n.id for n in ast.walk(added) if isinstance(n, ast.Name)}:
+            return None
+        stmt.value.args = [ast.Call(func=ast.Attribute(value=added, attr="detach", ctx=ast.Load()), args=[],
+                                    keywords=[])]
+        return ast.unparse(stmt)
     if not (isinstance(stmt, ast.AugAssign) or (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1)):
         return None
     if isinstance(stmt.value, ast.Constant):
