@@ -1264,3 +1264,39 @@ def test_a_chain_of_in_place_methods_gets_a_fix_that_detaches_what_it_adds():
     d = _accumulates(running_norm_training, _data())
     assert "self.running_mean.mul_(1 - self.momentum).add_((x.mean(0) * self.momentum).detach())" in d.fix, d.fix
     assert "the loss" not in d.message + d.fix  # a value with no name is not called the loss
+
+
+class InputStatistic(nn.Module):
+    """Keeps its latest input and a second-moment statistic of all inputs seen, fed with the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+        self.last_input, self.s = None, None
+
+    def forward(self, x):
+        self.last_input = x
+        update = torch.einsum("ij,ik->jk", x, x)
+        if self.s is None:
+            self.s = update
+        else:
+            self.s += update  # CULPRIT
+        return self.layer(x)
+
+
+def statistic_of_hidden_inputs(data, probe):
+    torch.manual_seed(0)
+    first, stat = nn.Linear(3, 4), InputStatistic()
+    opt = torch.optim.SGD(list(first.parameters()) + list(stat.parameters()), lr=0.1)
+    for x, y in data:
+        loss = F.mse_loss(stat(F.relu(first(x))), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        probe(stat.s)
+    return stat
+
+
+def test_inputs_a_side_chain_was_computed_from_are_not_a_second_accumulation():
+    d = _accumulates(statistic_of_hidden_inputs, _data())  # exactly one diagnosis
+    assert (d.line, d.tensor) == (_line_of(InputStatistic.forward), "self.s")

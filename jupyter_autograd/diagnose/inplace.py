@@ -14,7 +14,7 @@ from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, also_changed, b
                      data_fix, data_swap_fix, describe_write, inplace_fix, kept_fix, leaf_fix, line_ref, where,
                      without_graph, writes_after)
 from ..model import DATA_SWAP, Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
-from .paths import engine_order, leading_to, reachable
+from .paths import ancestors, engine_order, leading_to, reachable
 from ..statements import parsed_sources
 from .stores import handed_loop_values, storing_line
 
@@ -542,8 +542,12 @@ def _kept_apart(trace: Trace, chains: _SideChains) -> Optional[Diagnosis]:
     current.append(current[-1])  # at the end: the step of the last backward
     by_line: Dict[object, List[tuple]] = {}  # the line that made them -> [(tid, first point, last point, steps held)]
     makers: Dict[int, OpRecord] = {}
+    # What a side chain already said was computed from is kept alive by that chain's graph (the
+    # inputs an accumulated statistic was computed from): the same cause, not another.
+    flagged = [t for t in chains.held if chains.in_flagged(t)]
+    linked_into_flagged = ancestors(trace, flagged, len(ops)) if flagged else set()
     for t_id, (first, last) in trace.kept.items():
-        if first not in at or last not in at or chains.in_flagged(t_id):
+        if first not in at or last not in at or chains.in_flagged(t_id) or t_id in linked_into_flagged:
             continue
         entry = chains.held.get(t_id)
         maker = chains.written.get(t_id)
