@@ -311,17 +311,17 @@ def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[
                 "for every loss that uses them before optimizer.step(), or run the forward pass again after the "
                 "step (in GAN training: compute the generator's loss after the discriminator's step, or detach "
                 "it).")
-    built = _inplace_module_fix(trace, op) if not short.endswith("_") and op.name.startswith("F.") else None
+    functional = not short.endswith("_") and op.name.startswith("F.")
+    built = _inplace_module_fix(trace, op) if functional else None
     if built:
         return built + before
     # A functional that writes only when given `inplace=True` (F.relu); F.embedding with max_norm
     # renormalises the weight it looks up whatever it is given: its saving line reads a copy (below).
-    if not short.endswith("_") and op.name.startswith("F.") and short in _MODULES:
-        module = _MODULES.get(short)
-        example = ("\n%s\n" % code("nn.%s(inplace=False)" % module)) if module else " "
+    if functional and short in _MODULES:
         return ("%s %s runs `%s(..., inplace=True)` inside this call. Build the model with the out-of-place "
-                "form instead:%s(or pass `inplace=False` to `%s`).%s"
-                % (NO_ONE_LINE_FIX, where(op), op.name, example, op.name, before))
+                "form instead:\n%s\n(or pass `inplace=False` to `%s`).%s"
+                % (NO_ONE_LINE_FIX, where(op), op.name, code("nn.%s(inplace=False)" % _MODULES[short]), op.name,
+                   before))
     read_copy = _read_a_copy(trace, save, name, written)
     if read_copy:
         # The write stays (a module's buffer, state that later code reads): the op that saved the

@@ -196,16 +196,15 @@ def write_expression(text: str):
                     found.append([node.args[0], "inplace", (func.attr,), node])
             else:
                 found.append([func.value, "method", (func.attr,), node])
-    chained = True
-    while chained:  # `a.mul_(m).add_(x)`: the add_ writes what the mul_ wrote, `a`
-        chained = False
-        for outer in found:
-            inner = next((f for f in found if outer[1] == f[1] == "method" and outer[0] is f[3]), None)
-            if inner is not None:
-                outer[0], outer[2] = inner[0], inner[2] + outer[2]
-                found.remove(inner)
-                chained = True
-                break
+    # `a.mul_(m).add_(x)`: the add_ writes what the mul_ wrote, `a`. ast.walk meets an outer call
+    # before the call it is made on, so inner links are folded first.
+    methods = [f for f in found if f[1] == "method"]
+    by_call = {id(f[3]): f for f in methods}
+    for outer in reversed(methods):
+        inner = by_call.get(id(outer[0]))
+        if inner is not None:
+            outer[0], outer[2] = inner[0], inner[2] + outer[2]
+            found.remove(inner)
     if len(found) != 1 or not all(found[0][2]):
         return None
     return tuple(found[0][:3])

@@ -36,6 +36,8 @@ _BINARY = {ast.Add: {"add"}, ast.Sub: {"sub", "rsub"}, ast.Mult: {"mul"}, ast.Ma
 _UNARY = {ast.USub: {"neg", "negative"}, ast.UAdd: {"pos", "positive"}, ast.Invert: {"invert", "bitwise_not"}}
 _COMPARE = {ast.Gt: {"gt", "greater"}, ast.Lt: {"lt", "less"}, ast.GtE: {"ge", "greater_equal"},
             ast.LtE: {"le", "less_equal"}, ast.Eq: {"eq"}, ast.NotEq: {"ne", "not_equal"}}
+
+
 def outermost_runs(node: ast.AST, op_name: str) -> bool:
     """Whether the expression's outermost operation can be the recorded op (`a + 0.1 * b`: an add;
     `F.mse_loss(p, y)`: mse_loss), the last op its value comes from."""
@@ -257,22 +259,17 @@ class _Reading:
             if isinstance(node, ast.Subscript):
                 return short == "setitem"
             return op.name == (DATA_SWAP if node.attr == "data" else FREEZE_SETTER)
-        if isinstance(node, ast.BinOp):
-            return short in _BINARY.get(type(node.op), ())
+        if isinstance(node, (ast.BinOp, ast.UnaryOp, ast.Call)):
+            return outermost_runs(node, op.name)
         if isinstance(node, ast.AugAssign):
             names = _BINARY.get(type(node.op), ())
             return short in names or short.startswith("i") and short[1:] in names or short.rstrip("_") in names
-        if isinstance(node, ast.UnaryOp):
-            return short in _UNARY.get(type(node.op), ())
         if isinstance(node, ast.Compare):
             return short in _COMPARE.get(type(node.ops[0]), ())
         if isinstance(node, ast.Subscript):
             return short == "getitem"
         if isinstance(node, ast.Attribute):
             return op.name == "Tensor.data"
-        if isinstance(node, ast.Call):
-            callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-            return same_op(callee, op.name)
         return False
 
     def alignments(self, window: List[OpRecord]) -> Optional[List[Dict[int, ast.AST]]]:
