@@ -8,8 +8,8 @@
 In Jupyter: `%load_ext jupyter_autograd`, then `%%autograd` on top of a cell.
 Importing this package does not import IPython or ipywidgets.
 """
-from .capture import capture
-from .model import Diagnosis, Trace
+from .model import Diagnosis
+from .session import Trace, capture
 
 __version__ = "0.1.0"
 __all__ = ["capture", "Trace", "Diagnosis", "load_ipython_extension", "unload_ipython_extension"]

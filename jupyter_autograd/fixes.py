@@ -34,7 +34,7 @@ import re
 from collections import Counter
 from typing import List, Optional, Tuple
 
-from .model import OpRecord, Trace
+from .model import OpRecord, TraceData
 from .statements import parsed_sources
 
 REPLACE = "Replace the culprit line with:"
@@ -252,7 +252,7 @@ _AUG = {"__iadd__": "+=", "__isub__": "-=", "__imul__": "*=", "__itruediv__": "/
         "__imatmul__": "@=", "__ilshift__": "<<=", "__irshift__": ">>="}
 
 
-def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[OpRecord],
+def inplace_fix(trace: TraceData, op: Optional[OpRecord], name: str, save: Optional[OpRecord],
                 written: Optional[int] = None) -> str:
     """`written`: the tid of the tensor the line wrote through. When the line's name is only another
     name for it (the same tensor object, held under its own name elsewhere), rebinding that name
@@ -336,7 +336,7 @@ def inplace_fix(trace: Trace, op: Optional[OpRecord], name: str, save: Optional[
             % (where(op), describe_write(op), before, SAVED_COPY_REMEDY))
 
 
-def _read_a_copy(trace: Trace, save: Optional[OpRecord], name: str, written: Optional[int]) -> Optional[str]:
+def _read_a_copy(trace: TraceData, save: Optional[OpRecord], name: str, written: Optional[int]) -> Optional[str]:
     """The line of the op that saved the written tensor, reading `name.clone()` where it reads `name`:
     only where the op took that very tensor and its line names it once (`torch.einsum(..., [q, self.queue])`)."""
     if save is None or save.location is None or written is None or written not in save.inputs or \
@@ -386,7 +386,7 @@ def _rebound_name(rewritten: str) -> Optional[str]:
     return None
 
 
-def _held_elsewhere(trace: Trace, written: Optional[int], target: str) -> Optional[str]:
+def _held_elsewhere(trace: TraceData, written: Optional[int], target: str) -> Optional[str]:
     """Who else holds the tensor the line wrote, when the line reaches it through `target`, another name:
     a module (its buffer or parameter), an object (an attribute), or the code before the block.
     Rebinding `target` or writing to a copy would not reach that holder. None when `target` is its
@@ -406,7 +406,7 @@ def _held_elsewhere(trace: Trace, written: Optional[int], target: str) -> Option
     return None
 
 
-def _alias_write_fix(trace: Trace, op: OpRecord, target: str, held: str, save: Optional[OpRecord]) -> str:
+def _alias_write_fix(trace: TraceData, op: OpRecord, target: str, held: str, save: Optional[OpRecord]) -> str:
     backward = next((o for o in trace.ops[op.index + 1:] if o.is_backward), None)
     after = "after the backward on %s" % line_ref(backward) if backward is not None else \
         "after the backward() that uses the saved value"
@@ -419,7 +419,7 @@ def _alias_write_fix(trace: Trace, op: OpRecord, target: str, held: str, save: O
             "means is yours to choose." % (NO_ONE_LINE_FIX, target, held, target, target, after, forward))
 
 
-def _inplace_module_fix(trace: Trace, op: OpRecord) -> Optional[str]:
+def _inplace_module_fix(trace: TraceData, op: OpRecord) -> Optional[str]:
     """The fix for a module built with inplace=True that wrote a saved tensor: the line that built
     it, read from the source of its parent module's class (or of the line that made the model),
     with inplace=False. A one-line replacement when the module's input is read by nothing else
@@ -456,7 +456,7 @@ def _inplace_module_fix(trace: Trace, op: OpRecord) -> Optional[str]:
                flag.lineno, trace.file_label(filename), code(new)))
 
 
-def _input_unread_after(trace: Trace, op: OpRecord, path: str):
+def _input_unread_after(trace: TraceData, op: OpRecord, path: str):
     """(True, None) when nothing can read a module's input after the call that wrote it in place: a
     later layer of an nn.Sequential (its input is the layer before's output), an expression's result
     (`self.relu(self.conv(x))`), or a local the call rebinds or returns (`x = self.act(x)`; not an
@@ -478,7 +478,7 @@ def _input_unread_after(trace: Trace, op: OpRecord, path: str):
     return (True, None) if rebound or isinstance(stmt, ast.Return) else (False, arg.id)
 
 
-def _construction(trace: Trace, path: str):
+def _construction(trace: TraceData, path: str):
     """(filename, the call that built the module at this dotted path), read off the sources of the
     trace: `self.act = nn.ReLU(...)` in the class of its parent, element k of the nn.Sequential(...)
     that built the parent, or the one assignment to a model's own name. None where that is not
@@ -504,7 +504,7 @@ def _construction(trace: Trace, path: str):
     return found[0] if len(found) == 1 and isinstance(found[0][1], ast.Call) else None
 
 
-def _sequence_elements(trace: Trace, filename: str, call: ast.Call):
+def _sequence_elements(trace: TraceData, filename: str, call: ast.Call):
     """The modules an nn.Sequential(...) / nn.ModuleList([...]) call was given, in order: its
     arguments, or the elements of the list literal they come from (`nn.Sequential(*layers)` with
     `layers = [...]` assigned once in the same function). None where they cannot be read."""
@@ -551,13 +551,13 @@ def _attribute_assignments(cls: ast.ClassDef, attr: str):
                 yield node.value
 
 
-def _only_assignment(trace: Trace, name: str):
+def _only_assignment(trace: TraceData, name: str):
     found = [(filename, node.value) for filename, tree in _parsed_sources(trace) for node in ast.walk(tree)
              if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [name]]
     return found[0] if len(found) == 1 else None
 
 
-def _parsed_sources(trace: Trace, only: Optional[str] = None):
+def _parsed_sources(trace: TraceData, only: Optional[str] = None):
     return parsed_sources(trace.sources, only)
 
 
@@ -592,7 +592,7 @@ def starved_fix(name: str, cut: OpRecord, rewritten: Optional[str], advice: Opti
             % (NO_ONE_LINE_FIX, spelled, line_ref(cut), _expr(name), instead, freeze))
 
 
-def data_fix(trace: Trace, culprit, name: str, save: Optional[OpRecord]) -> str:
+def data_fix(trace: TraceData, culprit, name: str, save: Optional[OpRecord]) -> str:
     alias = _expr(trace.tensor_label(culprit[1])) if culprit else "the alias"
     made = None
     if culprit is not None:
@@ -628,7 +628,7 @@ def data_fix(trace: Trace, culprit, name: str, save: Optional[OpRecord]) -> str:
             "copy (`%s.detach().clone()`), or %s.%s" % (NO_ONE_LINE_FIX, head, alias, _expr(name), moved, detach))
 
 
-def data_swap_fix(trace: Trace, op: OpRecord) -> str:
+def data_swap_fix(trace: TraceData, op: OpRecord) -> str:
     """`t.data = new` after a graph saved `t` itself: the swap has to move, or the tensor be left alone."""
     text = ("%s never swap `.data` of a tensor that a graph still needs: the graph keeps the tensor object, and "
             "PyTorch cannot see the swap. Either swap the values after backward() (restore a parameter once its "
@@ -736,7 +736,7 @@ def _out_of_place_call(receiver: str, method: str, args, keywords) -> Optional[s
         [ast.unparse(a) for a in args] + [ast.unparse(k) for k in keywords]))
 
 
-def _function_of(trace: Trace, location):
+def _function_of(trace: TraceData, location):
     """(the source's lines, the number of the line of the `def` of the function whose line this is,
     the indentation of its body), read off the source; None when it cannot be read."""
     lines = trace.sources.get(location.filename or "", [])
@@ -762,7 +762,7 @@ def _code(text: str) -> str:
     return text.split("#", 1)[0].strip()
 
 
-def _arguments_of(trace: Trace, location) -> frozenset:
+def _arguments_of(trace: TraceData, location) -> frozenset:
     """The parameter names of the function whose line this is; empty when they cannot be read."""
     found = _function_of(trace, location)
     if found is None:
@@ -776,7 +776,7 @@ def _arguments_of(trace: Trace, location) -> frozenset:
     return frozenset(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs)
 
 
-def _rest_of_body(trace: Trace, location):
+def _rest_of_body(trace: TraceData, location):
     """(the body's indentation, its code lines after this one), or None."""
     found = _function_of(trace, location)
     if found is None:
@@ -791,7 +791,7 @@ def _rest_of_body(trace: Trace, location):
     return body, rest
 
 
-def _ends_its_function(trace: Trace, location) -> bool:
+def _ends_its_function(trace: TraceData, location) -> bool:
     """Whether the line is the last statement of its function's body, at the body's own level (a
     `return` after it then changes nothing else the function does)."""
     found = _rest_of_body(trace, location)
@@ -799,7 +799,7 @@ def _ends_its_function(trace: Trace, location) -> bool:
     return found is not None and not found[1] and _indent(lines[location.line - 1]) == found[0]
 
 
-def _returns_later(trace: Trace, location, name: str) -> bool:
+def _returns_later(trace: TraceData, location, name: str) -> bool:
     """Whether the function goes on to `return name` (then the copy is what it returns)."""
     found = _rest_of_body(trace, location)
     return found is not None and any(_code(text) == "return %s" % name for text in found[1])

@@ -30,7 +30,7 @@ from IPython.core.inputtransformer2 import leading_indent
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .capture import capture, file_namers, warn
+from .session import capture, file_namers, warn
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the tool's own frames
 _TORCH_DISPATCH = os.path.join("torch", "overrides.py")
@@ -132,9 +132,8 @@ class _CellCapture:
     def __init__(self, magics, args):
         self.magics = magics
         self.args = args
-        self.recorder = capture(namespace=[magics.shell.user_ns], check_nan=args.nan)
         # The traceback stays as without the magic (no note): the widget under it explains it.
-        self.recorder._note_exceptions = False
+        self.recorder = capture(namespace=[magics.shell.user_ns], check_nan=args.nan, note_exceptions=False)
         self.filename = None
 
     def __enter__(self):
@@ -475,14 +474,34 @@ def _close(widgets):
                 pass
 
 
+def warm_up() -> None:
+    """Import and draw once what a report needs (matplotlib, its fonts), as the extension loads.
+    Done by the first report of a kernel instead, it made that cell 1.5 s longer; a failing cell
+    that runs longer sees more of the cells run after it reach the kernel while it runs, and
+    Jupyter aborts those (ipykernel's stop_on_error). A tiny block with a backward, so that what a
+    report of a real block reads (gradient health, the timeline) is imported too."""
+    import torch
+
+    from .widget import AutogradWidget, static_bundle
+
+    with capture(namespace={}) as trace:
+        w = torch.ones(2, requires_grad=True)
+        (w * 2).sum().backward()
+    del w
+    AutogradWidget(trace).close()
+    static_bundle(trace)
+    try:  # the first large message of the kernel imports pyzmq's zero-copy bookkeeping
+        import zmq.utils.garbage  # noqa: F401
+    except ImportError:
+        pass
+
+
 def load(ipython):
     _remove_rewrite(ipython)
     _stop_watching_widgets(ipython)
     ipython.register_magics(AutogradMagics)
     magics = ipython.magics_manager.registry["AutogradMagics"]
     try:
-        from .widget import warm_up
-
         magics._widgets = _WidgetsOfCells(ipython).start()
         warm_up()
     except Exception:  # a widget library or matplotlib missing: each report says so when it runs

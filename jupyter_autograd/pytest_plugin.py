@@ -48,10 +48,9 @@ class LiveTrace:
     def __init__(self, namespace=None):
         from jupyter_autograd import capture
 
-        self._capture = capture(namespace=namespace)
         # The note that capture() puts on an exception ends "trace.report() has ...": a test has
         # no `trace`. pytest_runtest_call puts its own, which says where the report is.
-        self._capture._note_exceptions = False
+        self._capture = capture(namespace=namespace, note_exceptions=False)
         self._trace = self._capture.__enter__()
         self._running = True
 

@@ -40,7 +40,7 @@ def installed():
         optimizer_post_hooks=len(optim_module._global_optimizer_post_hooks),
         has_any_global_hook=nn_module._has_any_global_hook,
         has_torch_function=torch.overrides.has_torch_function,
-        recorder=getattr(recorder_module._state, "recorder", None),
+        recorder=getattr(recorder_module.thread_state, "recorder", None),
     )
 
 

@@ -44,7 +44,7 @@ def _global_state():
         forward_hooks_always_called=len(nn_module._global_forward_hooks_always_called),
         has_any_global_hook=nn_module._has_any_global_hook,
         has_torch_function=torch.overrides.has_torch_function,
-        recorder=getattr(recorder_module._state, "recorder", None),
+        recorder=getattr(recorder_module.thread_state, "recorder", None),
         hook_users=recorder_module._hook_users[0],
         warning_filters=warnings.filters,
         showwarnmsg=warnings._showwarnmsg,
@@ -341,16 +341,16 @@ def _check_nothing_left(before):
 
 
 def _enter_exit_code():
-    capture_module = sys.modules["jupyter_autograd.capture"]
+    session = sys.modules["jupyter_autograd.session"]
+    lifecycle = sys.modules["jupyter_autograd.capture.lifecycle"]
 
     codes = set()
-    for owner in (capture_module.capture, capture_module._InterruptsHeld):
+    for owner in (session.capture, lifecycle.InterruptsHeld):
         for value in vars(owner).values():
             if hasattr(value, "__code__"):
                 codes.add(value.__code__)
-    lifecycle = sys.modules["jupyter_autograd.capture.lifecycle"]
-    for fn in (capture_module._pop_mode, capture_module._release, capture_module._finish_interrupted_mode_stashes,
-               capture_module.finish, recorder_module.install_hooks, recorder_module.remove_hooks,
+    for fn in (lifecycle.take_off_stack, lifecycle.release, lifecycle.finish_interrupted_mode_stashes,
+               session.finish, recorder_module.install_hooks, recorder_module.remove_hooks,
                recorder_module._remove_all_hooks, recorder_module._put_back_warnings, lifecycle.start,
                lifecycle.heal_thread, lifecycle._hold_headroom, lifecycle._release_headroom, lifecycle.watch_block,
                lifecycle.guard, lifecycle.unguard, lifecycle.ExitLookup.__get__):
@@ -626,7 +626,7 @@ def test_optimizer_steps_note_their_parameters():
     model = nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with ja.capture():
-        recorder = recorder_module._state.recorder
+        recorder = recorder_module.thread_state.recorder
         model(torch.ones(1, 3)).sum().backward()
         opt.step()
     assert recorder.optimized == {recorder.known(model.weight), recorder.known(model.bias)}
@@ -815,7 +815,7 @@ def test_a_long_loop_folds_dead_ops_and_says_so():
     x = torch.ones(3)
     w = torch.ones(3, requires_grad=True)
     with ja.capture() as trace:
-        recorder = recorder_module._state.recorder
+        recorder = recorder_module.thread_state.recorder
         first = x * 2
         for i in range(4 * fold):
             x = x * 1.0
@@ -865,7 +865,7 @@ def test_a_long_training_loop_folds_only_graphs_backward_has_freed(retain, monke
     steps = _TRAINING_WINDOW
     plain = _train(steps, retain)
     with ja.capture(namespace={}) as trace:
-        recorder = recorder_module._state.recorder
+        recorder = recorder_module.thread_state.recorder
         captured = _train(steps, retain)
     assert _same(plain, captured)
     with_nodes = [op for op in trace.ops if op.node is not None and not op.is_backward]
@@ -890,7 +890,7 @@ def test_a_long_training_loop_keeps_the_backward_calls_that_matter(planted, monk
     steps = 4 * _TRAINING_WINDOW // 3
     planted_at = steps // 2 if planted else -1
     with ja.capture(namespace={}) as trace:
-        recorder = recorder_module._state.recorder
+        recorder = recorder_module.thread_state.recorder
         trained = _train(steps, False, planted_at)
     backward = [cp for cp in trace.checkpoints if cp.kind == "backward"]
     assert len(backward) == steps
@@ -921,7 +921,7 @@ def test_folding_keeps_little_per_step_and_changes_nothing_the_trace_says(monkey
         _train(steps, False)
     monkeypatch.setattr(recorder_module, "_FOLD_EVERY", _TRAINING_WINDOW)
     with ja.capture(namespace={}) as trace:
-        recorder = recorder_module._state.recorder
+        recorder = recorder_module.thread_state.recorder
         _train(steps, False)
         folded_ops = [rec for rec in recorder.ops[:recorder.folded_upto] if not rec[3] and not rec[6]
                       and rec[0] >= len(recorder_module._KEPT_FUNCS)]
@@ -955,7 +955,7 @@ def test_a_dropped_node_met_again_by_a_later_backward():
     w = torch.ones(3, requires_grad=True)
     x = torch.ones(3)
     with ja.capture(namespace={}) as trace:
-        recorder = recorder_module._state.recorder
+        recorder = recorder_module.thread_state.recorder
         (w * 2).sum().backward()  # the first backward of a block is always kept whole
         for _ in range(2 * fold):
             x = x * 1.0
@@ -980,7 +980,7 @@ def test_a_folded_node_met_again_by_a_later_backward():
     w = torch.ones(3, requires_grad=True)
     x = torch.ones(3)
     with ja.capture(namespace={}) as trace:
-        recorder = recorder_module._state.recorder
+        recorder = recorder_module.thread_state.recorder
         h = w * w
         carried = h * 3
         del h
@@ -1003,7 +1003,7 @@ def test_op_records_and_graph_nodes_leave_the_cyclic_gc_alone():
     x = torch.ones(3)
     w = torch.ones(3, requires_grad=True)
     with ja.capture(namespace={}):
-        recorder = recorder_module._state.recorder
+        recorder = recorder_module.thread_state.recorder
         for _ in range(50):
             x = x * 1.0
         (w * x).sum().backward()

@@ -187,7 +187,7 @@ def test_cells_are_named_as_jupyter_names_them(shell):
     assert d.kind == "saved-tensor-modified" and d.line == 5
     assert tr.file_label(d.filename) == "In [%d]" % defined_in
     assert tr.place(d.filename, d.line) == "In [%d], line 5" % defined_in
-    from jupyter_autograd.capture import file_namers
+    from jupyter_autograd.session import file_namers
     shell.run_line_magic("unload_ext", "jupyter_autograd")
     assert not [n for n in file_namers if getattr(n, "shell", None) is shell]
     shell.run_line_magic("load_ext", "jupyter_autograd")

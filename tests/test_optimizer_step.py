@@ -100,7 +100,7 @@ def test_a_step_that_raises_leaves_recording_on():
     opt = torch.optim.Adam(emb.parameters())
     emb(torch.tensor([1, 2])).sum().backward()
     with ja.capture(namespace={}) as trace:
-        recorder = recorder_module._state.recorder
+        recorder = recorder_module.thread_state.recorder
         try:
             opt.step()  # Adam refuses sparse gradients, from inside its step
         except RuntimeError as exc:

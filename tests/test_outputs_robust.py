@@ -272,7 +272,7 @@ REPORT_STAGES = [  # (module, function): the report's own work, in the order it 
     ("jupyter_autograd.diagnose", "diagnose"),      # the trace is built when the report first reads it
     ("jupyter_autograd.render.layout", "build_scene"),
     ("jupyter_autograd.render.draw", "to_png"),
-    ("jupyter_autograd.widget", "static_html"),
+    ("jupyter_autograd.widget.widget", "static_html"),
 ]
 
 

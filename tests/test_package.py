@@ -48,7 +48,7 @@ def test_wheel_metadata_is_complete(dists):
 
 def test_wheel_carries_the_widget_front_end_and_no_tests(dists):
     _, names = wheel_metadata(dists[0])
-    assert "jupyter_autograd/widget.js" in names and "jupyter_autograd/widget.css" in names
+    assert "jupyter_autograd/widget/widget.js" in names and "jupyter_autograd/widget/widget.css" in names
     assert not any(n.startswith(("tests/", "notebooks/")) for n in names)
 
 

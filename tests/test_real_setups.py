@@ -63,7 +63,7 @@ def _inherited():
               optim_module._global_optimizer_post_hooks)
     return dict(
         modes=torch._C._len_torch_function_stack(),
-        recorder=getattr(recorder_module._state, "recorder", None) is not None,
+        recorder=getattr(recorder_module.thread_state, "recorder", None) is not None,
         hooks=sum(key in ours for table in tables for key in table),
         hook_users=recorder_module._hook_users[0],
         apply=torch.autograd.function.Function.__dict__["apply"] is not recorder_module._original_apply,
@@ -184,7 +184,7 @@ def test_a_block_left_in_another_thread_leaves_the_entering_thread_as_it_was():
     assert _process_state() == {k: v for k, v in before.items() if k in _process_state()}
     assert [op.name for op in trace.ops][:3] == ["torch.ones", "Tensor.mul", "Tensor.sum"]
     torch.ones(2) + 1  # this thread's next torch call takes back what only this thread can
-    assert getattr(recorder_module._state, "recorder", None) is None
+    assert getattr(recorder_module.thread_state, "recorder", None) is None
     # The thread's next capture records (a real bug is found), and leaves nothing behind.
     assert _records_a_real_bug() == ["saved-tensor-modified"]
     _check_nothing_left(before)
@@ -312,7 +312,7 @@ def test_an_interrupt_on_the_first_instruction_of_exit_heals_at_the_next_torch_c
     assert recorder is not None  # nothing of the exit ran
     torch.ones(2) * 3
     assert _process_state() == {k: v for k, v in before.items() if k in _process_state()}
-    assert getattr(recorder_module._state, "recorder", None) is None
+    assert getattr(recorder_module.thread_state, "recorder", None) is None
     ops = len(recorder.ops)
     torch.ones(2) * 3
     assert len(recorder.ops) == ops  # nothing more is recorded

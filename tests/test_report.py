@@ -243,7 +243,7 @@ def two_files(tmp_path, monkeypatch):
 
 
 def test_every_output_names_the_file_of_each_line(two_files):
-    from jupyter_autograd.widget import _diagnosis_dict, static_html
+    from jupyter_autograd.widget.widget import _diagnosis_dict, static_html
 
     trace, exc = two_files
     (d,) = trace.diagnoses
@@ -260,7 +260,7 @@ def test_every_output_names_the_file_of_each_line(two_files):
 
 
 def test_files_with_the_same_base_name_are_told_apart():
-    from jupyter_autograd.model import Trace
+    from jupyter_autograd import Trace
 
     trace = Trace(sources={"/src/a/model.py": [], "/src/b/model.py": [], "/src/train.py": [], "<stdin>": []})
     assert trace.place("/src/a/model.py", 3) == "a/model.py, line 3"
@@ -280,7 +280,7 @@ SECOND_LINES = {  # a scenario of each kind that has a second line, and the word
 
 @pytest.mark.parametrize("name", sorted(SECOND_LINES))
 def test_the_second_line_says_what_it_is(name):
-    from jupyter_autograd.widget import _diagnosis_dict, static_html
+    from jupyter_autograd.widget.widget import _diagnosis_dict, static_html
 
     path = next(p for p in FILES if p.name == name)
     sc = runner.load(str(path))

@@ -764,7 +764,7 @@ def test_a_folded_training_loop(keep, monkeypatch):
     monkeypatch.setattr(recorder_module, "_FOLD_EVERY", _WINDOW)
     train = _long(500, keep)
     with ja.capture() as trace:
-        recorder = recorder_module._state.recorder
+        recorder = recorder_module.thread_state.recorder
         train()
     assert recorder.folded > 100 and trace.warnings == []
     if keep == "number":
@@ -1180,7 +1180,7 @@ def test_missing_grad_in_a_folded_training_loop(monkeypatch):
         return policy
 
     with ja.capture() as trace:
-        recorder = recorder_module._state.recorder
+        recorder = recorder_module.thread_state.recorder
         policy = train(400)
     assert recorder.folded > 100 and policy.weight.grad is None
     [d] = trace.diagnoses

@@ -98,7 +98,7 @@ def test_the_op_that_made_each_node_is_the_one_op_of_seq_finds():
     for custom in (False, True):
         w = torch.ones(3, requires_grad=True)
         with ja.capture(namespace={}):
-            recorder = recorder_module._state.recorder
+            recorder = recorder_module.thread_state.recorder
             h = w
             for _ in range(20):
                 h = (Double.apply(h) if custom else h * 2).tanh() + 1

@@ -190,7 +190,7 @@ def test_strings_from_the_cell_are_escaped_and_drawn_as_typed():
 
 
 def test_front_end_writes_text_only_with_textContent():
-    js = (layout.__file__.rsplit("/render/", 1)[0] + "/widget.js")
+    js = (layout.__file__.rsplit("/render/", 1)[0] + "/widget/widget.js")
     source = open(js).read()
     for risky in ("innerHTML", "insertAdjacentHTML", "outerHTML", "document.write", "eval(", "http://", "https://"):
         assert risky not in source.replace("http://www.w3.org/2000/svg", ""), risky

@@ -13,8 +13,10 @@ import tokenize
 import types
 from typing import Dict, Iterable, List, Optional, Tuple
 
+import torch
+
 from ..model import (DATA_SWAP, FREEZE_SETTER, Checkpoint, GraphNode, Location, ModuleCall, OpRecord, SavedSlot,
-                     TensorInfo, Trace)
+                     TensorInfo, TraceData)
 from ..statements import BINOPS as _BINOPS, Statements as _Statements
 from ..statements import dotted as _dotted, element as _element, same_op as _same_op
 from ..statements import written_tensor as _written_tensor
@@ -66,6 +68,55 @@ def op_name(func) -> str:
     except TypeError:
         pass
     return name
+
+
+def finish(recorder, namespaces, exc, error, tool_warnings=()):
+    """Take, now, what needs the user's live objects; return a function that builds the block's
+    TraceData (all but the diagnoses) from plain records, with what the tool could not do in its
+    warnings and what it did in its notes. Our reads of the user's tensors are hidden from their
+    `__torch_function__` subclasses, now and at the build."""
+    with torch._C.DisableTorchFunctionSubclass():
+        try:
+            end_checkpoint(recorder)
+        except Exception as internal:
+            recorder.lose("the graph walk at the end of the block", internal,
+                          "the saved tensors of graphs that no backward ran were not checked")
+        live, names = freeze(recorder, namespaces or [])
+    error_at = None if exc is None else raised_at(exc)
+
+    def build_data() -> TraceData:
+        # Not DisableTorchFunctionSubclass alone: read inside another capture, the build's reads
+        # of gradients would be recorded there, at the line that read the trace.
+        with torch._C.DisableTorchFunction():
+            trace = build_trace(recorder, live, names, error, error_at)
+        trace.warnings.extend(tool_warnings)
+        for message, times in recorder.__dict__.get("lost_parts", {}).items():
+            trace.warnings.append(message if times == 1 else "%s (%d times)" % (message, times))
+        if recorder.failure:
+            trace.warnings.append("recording stopped early after an internal error: " + recorder.failure)
+        if recorder.unrecorded_after_step is not None:
+            code, line = recorder.unrecorded_after_step
+            trace.warnings.append("the optimizer step at %sline %d raised and the exception was caught: the "
+                                  "tensor calls after it, up to the next module call or the end of the block, "
+                                  "were not recorded" % ("" if code is None else code.co_filename + ", ", line))
+        if recorder.too_deep:
+            trace.warnings.append("%d calls ran too close to the recursion limit to be recorded" % recorder.too_deep)
+        if recorder.folded:
+            trace.notes.append("To keep memory bounded, the details of %d ops were folded: ops that wrote "
+                               "nothing, whose results were gone and whose autograd nodes, if any, a "
+                               "backward had already run and freed; they keep their name, line and "
+                               "nodes, not their tensors." % recorder.folded)
+        folded_backwards = recorder.folded_backwards
+        if folded_backwards:
+            trace.notes.append("The saved tensors of %d backward calls that found nothing (each freed its "
+                               "graph, and nothing it saved was changed) were not kept; the first and the "
+                               "latest calls keep theirs." % folded_backwards)
+        if graph_snapshot.STACK_RAISED[0] and len(trace.nodes) > graph_snapshot.DEEP_GRAPH:
+            trace.notes.append("This graph is deep: to keep PyTorch from crashing when it frees it, the "
+                               "process's stack limit was raised from %d to %d bytes." % graph_snapshot.STACK_RAISED[0])
+        return trace
+
+    return build_data
 
 
 def end_checkpoint(recorder):
@@ -429,13 +480,13 @@ def raised_at(exc) -> Optional[Tuple[str, int, str]]:
     return found
 
 
-def build_trace(recorder, live, names, error: Optional[str] = None, error_at=None) -> Trace:
+def build_trace(recorder, live, names, error: Optional[str] = None, error_at=None) -> TraceData:
     # Tens of thousands of small objects, none of them in a cycle: the cyclic GC would rescan
     # the growing heap again and again while they are made (3x the build time).
     enabled = gc.isenabled()
     gc.disable()
     try:
-        trace = Trace()
+        trace = TraceData()
         trace.error = error
         # The ops, tensors and graph are what every diagnosis reads: without one of them nothing is
         # analysed (capture.finish says so). The other parts fail alone, and say what they lost.

@@ -32,9 +32,9 @@ def _noting_init(self, *args, **kwargs):
     module), with the reducer's parameters as they are now."""
     __tracebackhide__ = True  # noqa: F841
     _original_init(self, *args, **kwargs)
-    from .recorder import _state
+    from .recorder import thread_state
 
-    recorder = getattr(_state, "recorder", None)
+    recorder = getattr(thread_state, "recorder", None)
     if recorder is None or recorder.off is not None:
         return
     try:

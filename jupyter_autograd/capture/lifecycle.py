@@ -33,7 +33,7 @@ import weakref
 import torch
 
 from .recorder import (_SHOW_ALL, BLOCK_ENDED, Recorder, _hook_users, _put_back_warnings, _remove_all_hooks,
-                       _show_at_user_line, _state, block_has_ended, install_hooks, remove_hooks)
+                       _show_at_user_line, thread_state, block_has_ended, install_hooks, remove_hooks)
 
 # Our frames between a call and the user's: __torch_function__, entered from C (which counts
 # twice), and for torch functions written in Python, handle_torch_function and the repeated call.
@@ -75,7 +75,7 @@ def start(recorder):
             installation.hooks = True
         installation.on_thread = True  # before the push: a failure after it must pop it
         recorder.__enter__()
-        _state.recorder = recorder
+        thread_state.recorder = recorder
         with _lock:
             _hold_headroom()
             installation.headroom = True
@@ -100,8 +100,8 @@ def release(recorder, inside_its_call=False):
     installation = recorder.installation
     failure = None
     if installation.on_thread and installation.thread == threading.get_ident() and installation.pid == os.getpid():
-        if getattr(_state, "recorder", None) is recorder:
-            _state.recorder = None
+        if getattr(thread_state, "recorder", None) is recorder:
+            thread_state.recorder = None
         if not inside_its_call:
             try:
                 take_off_stack(recorder)
@@ -131,10 +131,10 @@ def heal(recorder):
     at its next call in its own thread: take back everything but its place on the stack, which
     torch gives back after this call (it stays a pass-through until `heal_thread`)."""
     installation = recorder.installation
-    if installation is None or not (installation.hooks or installation.headroom or getattr(_state, "recorder", None)
+    if installation is None or not (installation.hooks or installation.headroom or getattr(thread_state, "recorder", None)
                                     is recorder):
         return
-    with _InterruptsHeld():
+    with InterruptsHeld():
         release(recorder, inside_its_call=True)
 
 
@@ -149,10 +149,10 @@ def heal_thread():
 
 
 def _heal_thread():
-    current = getattr(_state, "recorder", None)
+    current = getattr(thread_state, "recorder", None)
     if current is not None and block_has_ended(current):
         release(current)
-        _state.recorder = None
+        thread_state.recorder = None
     n = _stack_length()
     if not n:
         return
@@ -201,6 +201,37 @@ def _release_headroom():
                 sys.setrecursionlimit(limit)  # unless a block set a limit of its own
             except RecursionError:  # deeper than the user's limit right now: theirs stays raised
                 pass
+
+
+def finish_interrupted_mode_stashes(exc):
+    """torch's handle_torch_function takes our mode off the stack for the duration of the call
+    (`with _pop_mode_temporarily()`, a generator). An interrupt landing in that context
+    manager's __enter__ or __exit__ leaves the generator suspended, and it pushes our mode back
+    whenever it is finalized, long after the block. Finish those generators now, while we can
+    pop the mode."""
+    import contextlib
+
+    stash = getattr(torch.overrides._pop_mode_temporarily, "__wrapped__", None)
+    manager_codes = (contextlib._GeneratorContextManager.__enter__.__code__,
+                     contextlib._GeneratorContextManager.__exit__.__code__)
+    if stash is None:
+        return
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_code in manager_codes:
+                manager = frame.f_locals.get("self")
+                gen = getattr(manager, "gen", None)
+                if getattr(gen, "gi_code", None) is stash.__code__ and gen.gi_frame is not None:
+                    try:
+                        gen.close()
+                    except Exception:
+                        pass
+            tb = tb.tb_next
+        exc = exc.__cause__ or exc.__context__
 
 
 # -- the end of a block whose exit never ran --------------------------------------------------------
@@ -260,7 +291,7 @@ _left_behind = {}  # the weak reference to each capture whose block is running -
 def _capture_freed(net):
     recorder = _left_behind.pop(net, None)
     if recorder is not None:
-        with _InterruptsHeld():
+        with InterruptsHeld():
             release(recorder)
 
 
@@ -283,7 +314,7 @@ def _forget_in_child():
         installation.hooks = installation.headroom = False
         if installation.thread != me:  # that thread does not exist here
             installation.on_thread = False
-    _state.recorder = None
+    thread_state.recorder = None
     try:
         for i in range(_stack_length() - 1, -1, -1):
             mode = _stack_at(i)
@@ -310,7 +341,7 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 # -- interrupts -------------------------------------------------------------------------------------
 
-class _InterruptsHeld:
+class InterruptsHeld:
     """SIGINT is held while the capture installs or removes what it needs, and delivered right
     after, so that an interrupt never leaves half of it in place. Only the main thread receives
     signals; elsewhere, and where the handler was set from C (it could not be put back), this

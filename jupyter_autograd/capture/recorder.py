@@ -89,7 +89,7 @@ _SCALARS = frozenset({int, float, bool, complex, type(None), str, torch.dtype, t
 # A version is None for an inference tensor, which has no version counter.
 OP_FUNC, OP_CODE, OP_LINE, OP_IN, OP_VB, OP_VA, OP_OUT, OP_SEQ, OP_WR, OP_GRAD, OP_ERR = range(11)
 
-_state = threading.local()  # .recorder: the Recorder active in this thread, if any
+thread_state = threading.local()  # .recorder: the Recorder active in this thread, if any
 
 
 class _BlockEnded:
@@ -127,7 +127,7 @@ def _recording_apply(cls, *args, **kwargs):
     bound = _original_apply.__get__(None, cls)
     if _is_compiling():  # Dynamo traces this wrapper: leave it nothing of ours to trace
         return bound(*args, **kwargs)
-    recorder = getattr(_state, "recorder", None)
+    recorder = getattr(thread_state, "recorder", None)
     if recorder is not None and recorder.step_popped:
         _resume(recorder)
     if recorder is None or recorder.off is not None:
@@ -144,7 +144,7 @@ def _enter_module(module, args):
     # graph (and fullgraph=True raises). is_compiling() is a constant to Dynamo, so this returns.
     if _is_compiling():
         return None
-    recorder = getattr(_state, "recorder", None)
+    recorder = getattr(thread_state, "recorder", None)
     if recorder is not None and recorder.step_popped:
         _resume(recorder)
     if recorder is not None and recorder.off is None:
@@ -249,7 +249,7 @@ def _leaving_profiler_scope(self, exc_type, exc_value, traceback):
     on the stack there, so that the calls after a caught failure are recorded."""
     try:
         if exc_type is not None:
-            recorder = getattr(_state, "recorder", None)
+            recorder = getattr(thread_state, "recorder", None)
             if (recorder is not None and recorder.step_popped
                     and str(getattr(self, "name", "")).startswith(_STEP_SCOPE)):
                 try:
@@ -294,7 +294,7 @@ def _leaving_inference_mode(self, exc_type, exc_value, traceback):
 def _note_switch():
     if _is_compiling():  # see _enter_module
         return
-    recorder = getattr(_state, "recorder", None)
+    recorder = getattr(thread_state, "recorder", None)
     if recorder is not None and recorder.off is None:
         try:
             recorder.record_switch(_inference_mode_switch)
@@ -312,7 +312,7 @@ def _resume(recorder):
 def _leave_module(module, args, output):
     if _is_compiling():  # see _enter_module
         return None
-    recorder = getattr(_state, "recorder", None)
+    recorder = getattr(thread_state, "recorder", None)
     if recorder is not None and recorder.module_path and recorder.module_path[-1] is module:
         recorder.module_path = recorder.module_path[:-1]
         if recorder.open_calls and recorder.open_calls[-1][0] is module:
@@ -327,7 +327,7 @@ def _before_optimizer_step(optimizer, args, kwargs):
     and record the step as one op (see Recorder.begin_step)."""
     if _is_compiling():  # a compiled step (see _enter_module)
         return None
-    recorder = getattr(_state, "recorder", None)
+    recorder = getattr(thread_state, "recorder", None)
     if recorder is None or (recorder.off is not None and recorder.off is not _STEPPING):
         return None
     try:
@@ -348,7 +348,7 @@ def _before_optimizer_step(optimizer, args, kwargs):
 def _after_optimizer_step(optimizer, args, kwargs):
     if _is_compiling():
         return None
-    recorder = getattr(_state, "recorder", None)
+    recorder = getattr(thread_state, "recorder", None)
     if recorder is not None and recorder.off is _STEPPING and recorder.step[5] is optimizer:
         try:
             recorder.end_step()
@@ -935,7 +935,7 @@ class Recorder(TorchFunctionMode):
         mode off the stack) a hook of ours or the block's end met it still open. Our mode goes
         back on the stack while the block is still recording."""
         # Else the block has ended: stay inert.
-        recording = getattr(_state, "recorder", None) is self and not block_has_ended(self)
+        recording = getattr(thread_state, "recorder", None) is self and not block_has_ended(self)
         if self.step_popped:
             self.step_popped = False
             if recording and not _on_stack(self):
@@ -1677,6 +1677,27 @@ def _show_at_user_line(message):
                         source=message.source)
     finally:
         w.filters, w._showwarnmsg = inside_filters, inside_show
+
+
+def hide_own_frames(exc: BaseException) -> None:
+    """Unlink our frames from the user's traceback (and from the exceptions it chains), with
+    the torch dispatch frames that led into them, so that it reads as without us."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        entries = []
+        tb = exc.__traceback__
+        while tb is not None:
+            entries.append(tb)
+            tb = tb.tb_next
+        keep = _without_dispatch(entries, [e.tb_frame.f_code for e in entries])
+        if len(keep) != len(entries):
+            for a, b in zip(keep, keep[1:]):
+                a.tb_next = b
+            if keep:
+                keep[-1].tb_next = None
+            exc.__traceback__ = keep[0] if keep else None
+        exc = exc.__cause__ or exc.__context__
 
 
 def _drop_leading_own_frames(exc):

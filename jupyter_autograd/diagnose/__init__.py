@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from typing import Dict, List
 
-from ..model import PROBLEM_KINDS, Diagnosis, Trace
-from ..render.text import EXPLAINS
+from ..model import EXPLAINS, PROBLEM_KINDS, Diagnosis, TraceData
+from ..model.queries import ancestors
 from . import errors, flow, inplace, names
-from .paths import ancestors
 
 _ORDER = {kind: i for i, kind in enumerate(PROBLEM_KINDS)}
 
 
-def diagnose(trace: Trace) -> List[Diagnosis]:
+def diagnose(trace: TraceData) -> List[Diagnosis]:
     """Every rule, each failing alone: a rule that raises loses its own kind of problem, said in
     `trace.warnings`, and the others still run. Then each tensor a diagnosis names goes by the
     expression its culprit line uses for it (names.py), and the rules say it again with those names."""
@@ -37,7 +36,7 @@ def diagnose(trace: Trace) -> List[Diagnosis]:
     return _rules(trace)
 
 
-def _rules(trace: Trace) -> List[Diagnosis]:
+def _rules(trace: TraceData) -> List[Diagnosis]:
     ranks: Dict[int, tuple] = {}
 
     def rule(find, kinds, *args):

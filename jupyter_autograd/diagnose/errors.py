@@ -17,8 +17,8 @@ from typing import Iterable, List, Optional, Tuple
 
 from .. import fixes
 from ..fixes import line_ref, where
-from ..model import Checkpoint, Diagnosis, DistributedModel, Location, OpRecord, Trace, is_description
-from .paths import at_maker, engine_order, node_at
+from ..model import Checkpoint, Diagnosis, DistributedModel, Location, OpRecord, TraceData, is_description
+from ..model.queries import at_maker, engine_order, node_at
 
 # The words of each error (also in render/text.py's EXPLAINS, for the exception's note).
 _MULTIPLE_VIEWS = "This view is the output of a function that returns multiple views"
@@ -83,11 +83,11 @@ def _op_words(op: OpRecord, missing: str = "") -> str:
     return "`%s`" % op.name
 
 
-def _name(trace: Trace, tid: Optional[int]) -> Optional[str]:
+def _name(trace: TraceData, tid: Optional[int]) -> Optional[str]:
     return trace.tensor_label(tid) if tid is not None and tid in trace.tensors else None
 
 
-def _made(trace: Trace, tid: Optional[int]) -> Optional[OpRecord]:
+def _made(trace: TraceData, tid: Optional[int]) -> Optional[OpRecord]:
     """The op that made a tensor, at its own line: the innermost line of the user's, where a fix goes."""
     info = trace.tensors.get(tid) if tid is not None else None
     if info is None or info.created_by is None or info.created_by >= len(trace.ops):
@@ -95,16 +95,16 @@ def _made(trace: Trace, tid: Optional[int]) -> Optional[OpRecord]:
     return trace.ops[info.created_by]
 
 
-def _maker(trace: Trace, tid: Optional[int]) -> Optional[OpRecord]:
+def _maker(trace: TraceData, tid: Optional[int]) -> Optional[OpRecord]:
     """The op that made a tensor, at the line that called the user-written module which returned it."""
     return at_maker(trace, tid, _made(trace, tid))
 
 
-def _checkpoint_of(trace: Trace, op: OpRecord) -> Optional[Checkpoint]:
+def _checkpoint_of(trace: TraceData, op: OpRecord) -> Optional[Checkpoint]:
     return next((cp for cp in trace.checkpoints if cp.kind == "backward" and cp.op_index == op.index), None)
 
 
-def _nodes_run(trace: Trace, op: OpRecord) -> List[int]:
+def _nodes_run(trace: TraceData, op: OpRecord) -> List[int]:
     """The nodes the backward call `op` runs, in the engine's order ([] when it was not walked)."""
     cp = _checkpoint_of(trace, op)
     return engine_order(trace, cp) if cp is not None else []
@@ -115,20 +115,20 @@ def _plain_node_name(name: str) -> str:
     return re.sub(r"Backward\d*$", "", name).replace("_", "").lower()
 
 
-def _node_made(trace: Trace, key: Optional[int]) -> Optional[OpRecord]:
+def _node_made(trace: TraceData, key: Optional[int]) -> Optional[OpRecord]:
     node = trace.nodes.get(key) if key is not None else None
     if node is None or node.created_by is None or node.created_by >= len(trace.ops):
         return None
     return trace.ops[node.created_by]
 
 
-def _output_of(trace: Trace, op: Optional[OpRecord]) -> Optional[int]:
+def _output_of(trace: TraceData, op: Optional[OpRecord]) -> Optional[int]:
     return op.outputs[0] if op is not None and op.outputs else None
 
 
 # -- view-inplace ---------------------------------------------------------------------------------
 
-def view_inplace(trace: Trace) -> List[Diagnosis]:
+def view_inplace(trace: TraceData) -> List[Diagnosis]:
     """An in-place write PyTorch refuses: to one of several views a function returned (chunk, split,
     unbind), to a view taken under no_grad or inference mode with grad on, or to an inference
     tensor outside inference mode. Culprit: the write; saved: the line that made the view."""
@@ -181,7 +181,7 @@ def _element_name(made: Optional[OpRecord], tid: Optional[int]) -> Optional[str]
     return None
 
 
-def _written_view(trace: Trace, op: OpRecord) -> Optional[int]:
+def _written_view(trace: TraceData, op: OpRecord) -> Optional[int]:
     """The input the refused write went to: a view, or an inference tensor (no version counter)."""
     for tid, version in zip(op.inputs, op.versions_before or (0,) * len(op.inputs)):
         info = trace.tensors.get(tid)
@@ -190,7 +190,7 @@ def _written_view(trace: Trace, op: OpRecord) -> Optional[int]:
     return op.inputs[0] if op.inputs else None
 
 
-def _view_origin(trace: Trace, tid: Optional[int], error: str) -> Tuple[Optional[OpRecord], str]:
+def _view_origin(trace: TraceData, tid: Optional[int], error: str) -> Tuple[Optional[OpRecord], str]:
     """(the op that made the view the error is about, how: "views", "no_grad", "inference" or
     "inference tensor"), walking up from the written tensor through the ops that took views of
     views: the op that returned several views, or the one run without grad."""
@@ -212,7 +212,7 @@ def _view_origin(trace: Trace, tid: Optional[int], error: str) -> Tuple[Optional
 
 # -- inference-tensor-saved -----------------------------------------------------------------------
 
-def inference_tensor_saved(trace: Trace) -> List[Diagnosis]:
+def inference_tensor_saved(trace: TraceData) -> List[Diagnosis]:
     """An op that records a graph tried to save an inference tensor. Culprit: the line that made it
     under inference mode; saved: the op that tried to save it."""
     out = []
@@ -240,7 +240,7 @@ def inference_tensor_saved(trace: Trace) -> List[Diagnosis]:
     return out
 
 
-def _inference_origin(trace: Trace, tid: Optional[int]) -> Optional[OpRecord]:
+def _inference_origin(trace: TraceData, tid: Optional[int]) -> Optional[OpRecord]:
     """The op that ran under inference mode (grad off) and made the inference tensor `tid`, through
     the ops outside it that took views of it or computed from it without a graph."""
     current, seen = _maker(trace, tid), set()
@@ -257,7 +257,7 @@ def _inference_origin(trace: Trace, tid: Optional[int]) -> Optional[OpRecord]:
 
 # -- nonleaf-requires-grad ------------------------------------------------------------------------
 
-def nonleaf_requires_grad(trace: Trace) -> List[Diagnosis]:
+def nonleaf_requires_grad(trace: TraceData) -> List[Diagnosis]:
     """`x.requires_grad = ...` or `x.requires_grad_(False)` on a tensor with a history. Culprit: that
     line; saved: the op that made the tensor (and so made it a non-leaf)."""
     out = []
@@ -289,7 +289,7 @@ def nonleaf_requires_grad(trace: Trace) -> List[Diagnosis]:
 
 # -- nonscalar-backward ---------------------------------------------------------------------------
 
-def nonscalar_backward(trace: Trace) -> List[Diagnosis]:
+def nonscalar_backward(trace: TraceData) -> List[Diagnosis]:
     """backward() (or autograd.grad() without grad_outputs) from a tensor with more than one element.
     Culprit: the line that made it, where the reduction goes: its own line, also inside a module the
     user wrote (a loss module returning a value per sample); saved: the backward call."""
@@ -329,7 +329,7 @@ def _numel(shape) -> int:
 
 # -- not-differentiable ---------------------------------------------------------------------------
 
-def not_differentiable(trace: Trace) -> List[Diagnosis]:
+def not_differentiable(trace: TraceData) -> List[Diagnosis]:
     """An op whose derivative PyTorch does not implement, on the way to the loss. Culprit: the forward
     line that ran it (for the backward formula of an op, run by a backward with create_graph=True, the
     forward line of that op); saved: the backward call that met its node."""
@@ -371,7 +371,7 @@ def not_differentiable(trace: Trace) -> List[Diagnosis]:
     return out
 
 
-def _without_derivative(trace: Trace, backward: OpRecord, missing: str):
+def _without_derivative(trace: TraceData, backward: OpRecord, missing: str):
     """(the forward op that made the node without a derivative which `backward` met, its node key, and
     the earlier backward call that ran that op's backward with create_graph=True when the missing
     derivative is of a backward formula), from the nodes `backward` runs. A node of the op's own name
@@ -407,7 +407,7 @@ def _without_derivative(trace: Trace, backward: OpRecord, missing: str):
     return (_node_made(trace, forward), forward, made) if forward is not None else (made, key, None)
 
 
-def _unnumbered_maker(trace: Trace, tid: int) -> Optional[OpRecord]:
+def _unnumbered_maker(trace: TraceData, tid: int) -> Optional[OpRecord]:
     """The forward op that made tensor `tid` with grad on and gave it a grad_fn without a sequence
     number (it requires grad and is no leaf, yet its op made no numbered node), if one did."""
     info = trace.tensors.get(tid)
@@ -422,7 +422,7 @@ def _unnumbered_maker(trace: Trace, tid: int) -> Optional[OpRecord]:
 
 # -- invalid-gradient -----------------------------------------------------------------------------
 
-def invalid_gradient(trace: Trace) -> List[Diagnosis]:
+def invalid_gradient(trace: TraceData) -> List[Diagnosis]:
     """A custom autograd.Function whose backward returned a gradient of the wrong shape, or the wrong
     number of them. Culprit: the forward line that applied it; saved: the backward call."""
     out = []
@@ -478,7 +478,7 @@ def _shape_text(shape) -> str:
     return "(%s)" % ", ".join(str(s) for s in shape) if shape else "() (a scalar)"
 
 
-def _input_at(trace: Trace, applied: Optional[OpRecord], index: int, expected) -> Optional[int]:
+def _input_at(trace: TraceData, applied: Optional[OpRecord], index: int, expected) -> Optional[int]:
     """The tensor argument the Function's input `index` is: that position among its tensors when the
     shape agrees (arguments that are not tensors are not recorded), else the only one of that shape."""
     if applied is None:
@@ -492,7 +492,7 @@ def _input_at(trace: Trace, applied: Optional[OpRecord], index: int, expected) -
 
 # -- DistributedDataParallel ----------------------------------------------------------------------
 
-def ddp_unused_parameters(trace: Trace) -> List[Diagnosis]:
+def ddp_unused_parameters(trace: TraceData) -> List[Diagnosis]:
     """DDP without find_unused_parameters, and parameters that got no gradient in an iteration: its
     reduction never finished, and the next forward raised. Culprit: that forward's line; tensor: the
     first such parameter, as the user's code reaches it."""
@@ -531,7 +531,7 @@ def _ddp_parameters(models: List[DistributedModel], indices: List[int], names: L
     return None, []
 
 
-def _why_no_gradient(trace: Trace, model: DistributedModel, tid: int) -> str:
+def _why_no_gradient(trace: TraceData, model: DistributedModel, tid: int) -> str:
     """Why a parameter of a DDP model got no gradient in the last iteration, from the ops of its forward."""
     inside = model.parameter_names[model.parameters.index(tid)]
     owner = inside.rpartition(".")[0]
@@ -554,7 +554,7 @@ def _why_no_gradient(trace: Trace, model: DistributedModel, tid: int) -> str:
             "loss leaves out, or a path cut on the way)" % (shown, line_ref(uses[-1])))
 
 
-def ddp_ready_twice(trace: Trace) -> List[Diagnosis]:
+def ddp_ready_twice(trace: TraceData) -> List[Diagnosis]:
     """DDP's hook for one parameter fired twice in a backward: a reentrant backward (checkpointing
     with use_reentrant=True) ran it again, with find_unused_parameters=True, or the parameter was used
     outside the DDP's forward. Culprit: the checkpoint call; saved: the backward call."""
@@ -583,7 +583,7 @@ def ddp_ready_twice(trace: Trace) -> List[Diagnosis]:
     return out
 
 
-def _ran_twice_by(trace: Trace, backward: OpRecord, model: Optional[DistributedModel], tid: Optional[int]):
+def _ran_twice_by(trace: TraceData, backward: OpRecord, model: Optional[DistributedModel], tid: Optional[int]):
     """(the op that made the backward deliver a parameter's gradient twice, why). A custom Function
     whose forward ran the parameter without a graph and whose backward runs one of its own
     (reentrant checkpointing): the first such Function applied after that use, on this backward's path.
@@ -617,7 +617,7 @@ def _listing(names: List[Optional[str]]) -> str:
 
 # -- the floor: any other error of backward or an autograd check ----------------------------------
 
-def backward_error(trace: Trace, found: List[Diagnosis], explains) -> List[Diagnosis]:
+def backward_error(trace: TraceData, found: List[Diagnosis], explains) -> List[Diagnosis]:
     """A backward call (or an autograd check such as gradcheck) that raised an error no other
     diagnosis explains. Culprit: the forward line of the node the error names; else the user's code
     that backward ran and that raised (a hook, a custom Function's backward); else the line that made
@@ -642,7 +642,7 @@ def backward_error(trace: Trace, found: List[Diagnosis], explains) -> List[Diagn
     return out
 
 
-def _floor(trace: Trace, op: OpRecord) -> Diagnosis:
+def _floor(trace: TraceData, op: OpRecord) -> Diagnosis:
     order = _nodes_run(trace, op)
     key = None
     for m in _NODE_NAMED.finditer(op.error):
@@ -686,7 +686,7 @@ def _floor(trace: Trace, op: OpRecord) -> Diagnosis:
     return _saved_at(diag, op)
 
 
-def _hooked(trace: Trace, backward: OpRecord, order: List[int]):
+def _hooked(trace: TraceData, backward: OpRecord, order: List[int]):
     """(the tensor, the op, how) for an error PyTorch raised about what a hook returned (`hook 'name'
     has changed the size of value`): the forward line that made the node the hook sits on, the node
     whose gradients it changed. A module's backward hook of that name sits on the node of what each
@@ -727,7 +727,7 @@ def _hooked(trace: Trace, backward: OpRecord, order: List[int]):
             line_ref(registration), shown, ", made on %s," % line_ref(made) if culprit is made else "", shown))
 
 
-def _call_results(trace: Trace, module: str) -> List[OpRecord]:
+def _call_results(trace: TraceData, module: str) -> List[OpRecord]:
     """For each call of a module (a run of consecutive ops inside it), the last op that made a node:
     what the call returned."""
     out, last = [], None
@@ -741,7 +741,7 @@ def _call_results(trace: Trace, module: str) -> List[OpRecord]:
     return out + ([last] if last is not None else [])
 
 
-def error_kinds(trace: Trace) -> List[Diagnosis]:
+def error_kinds(trace: TraceData) -> List[Diagnosis]:
     """Every rule of this module but the floor, which needs to know what the others explained."""
     return (view_inplace(trace) + inference_tensor_saved(trace) + nonleaf_requires_grad(trace)
             + nonscalar_backward(trace) + not_differentiable(trace) + invalid_gradient(trace)

@@ -12,9 +12,9 @@ import re
 from typing import Dict, List, Optional, Set
 
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, starved_fix, where
-from ..model import FREEZE_SETTER, GRAD_MODE_SWITCHES, Checkpoint, Diagnosis, Location, OpRecord, Trace
+from ..model import FREEZE_SETTER, GRAD_MODE_SWITCHES, Checkpoint, Diagnosis, Location, OpRecord, TraceData
 from ..statements import parsed_sources
-from .paths import (FunctionCalls, ancestors, at_caller, at_maker, engine_order, exit_before, first_use,
+from ..model.queries import (FunctionCalls, ancestors, at_caller, at_maker, engine_order, exit_before, first_use,
                     is_cut, is_exit, leading_to, made_from_values, node_at, reachable, scope_call, stops_after,
                     switch_left_on)
 
@@ -43,18 +43,18 @@ def _with_saved(diag: Diagnosis, op: Optional[OpRecord]) -> Diagnosis:
     return diag
 
 
-def _name(trace: Trace, tid: Optional[int]) -> Optional[str]:
+def _name(trace: TraceData, tid: Optional[int]) -> Optional[str]:
     info = trace.tensors.get(tid) if tid is not None else None
     return info.name if info is not None else None
 
 
-def _backward_checkpoints(trace: Trace) -> List[Checkpoint]:
+def _backward_checkpoints(trace: TraceData) -> List[Checkpoint]:
     return [cp for cp in trace.checkpoints if cp.kind == "backward" and cp.op_index < len(trace.ops)]
 
 
 # -- graph-freed ----------------------------------------------------------------------------------
 
-def graph_freed(trace: Trace) -> List[Diagnosis]:
+def graph_freed(trace: TraceData) -> List[Diagnosis]:
     """A backward call whose nodes include one an earlier backward ran without retain_graph and
     whose saved tensors are gone: PyTorch raises "Trying to backward through the graph a second
     time". Said before the call runs (the checkpoint is taken first)."""
@@ -166,7 +166,7 @@ def graph_freed(trace: Trace) -> List[Diagnosis]:
     return out
 
 
-def _link_into_freed(trace: Trace, order: List[int], first: int, freed_by):
+def _link_into_freed(trace: TraceData, order: List[int], first: int, freed_by):
     """(op, carried tensor, freeing backward) for the edge where this call's own graph enters the
     freed one on the way to the first freed node backward meets: from a node made after the backward
     that freed it to one made before (an earlier iteration's state, also where that state's own node
@@ -200,7 +200,7 @@ def _link_into_freed(trace: Trace, order: List[int], first: int, freed_by):
     return None
 
 
-def _output_of_maker(trace: Trace, op: OpRecord, child: int) -> Optional[int]:
+def _output_of_maker(trace: TraceData, op: OpRecord, child: int) -> Optional[int]:
     """The input of `op` that the op which made node `child` returned, when it is the only one: an op
     with several outputs (an RNN's output and hidden state, chunk) is recorded with one node, so the
     node of each output is not known, but which op made it is."""
@@ -219,7 +219,7 @@ def _with_retain(source: str) -> str:
 
 # -- graph-cut ------------------------------------------------------------------------------------
 
-def graph_cut(trace: Trace) -> List[Diagnosis]:
+def graph_cut(trace: TraceData) -> List[Diagnosis]:
     """backward() or autograd.grad() from a tensor with no path to anything that requires grad,
     or from a leaf that was computed in the block (`loss.requires_grad = True` hid the error)."""
     out = []
@@ -284,7 +284,7 @@ _STOP_GRADIENT = {"detach", "detach_", "data"}
 _ADDS = {"add", "add_", "sub", "sub_", "rsub", "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__"}
 
 
-def dead_terms(trace: Trace) -> List[Diagnosis]:
+def dead_terms(trace: TraceData) -> List[Diagnosis]:
     """A term added to a loss (one value added to another that requires grad, on the way to a backward
     call) that was computed from tensors that required grad but has no path to any of them: it trains
     nothing, and its weight changes no gradient (a penalty computed through argmax, `.item()`, a
@@ -335,7 +335,7 @@ def _reads_only_the_layout(op: OpRecord) -> bool:
     return short.endswith("_like") or short in ("new_zeros", "new_ones", "new_full", "new_empty")
 
 
-def _scalar_requiring_grad(trace: Trace, tid: int) -> bool:
+def _scalar_requiring_grad(trace: TraceData, tid: int) -> bool:
     info = trace.tensors.get(tid)
     return info is not None and info.first_requires_grad and _numel(info) == 1
 
@@ -347,7 +347,7 @@ def _numel(info) -> int:
     return n
 
 
-def _rebuilt_leaves(trace: Trace, cp: Checkpoint, root: Optional[int]) -> List[int]:
+def _rebuilt_leaves(trace: TraceData, cp: Checkpoint, root: Optional[int]) -> List[int]:
     """The leaves a backward call reaches when every one of them is a new leaf made in the block, with
     requires_grad=True, from what the parameters computed (`torch.tensor(loss.item(), requires_grad=True)`, a prediction
     rewrapped by `torch.tensor(..., requires_grad=True)`): the chain to the parameters was cut and
@@ -380,7 +380,7 @@ def _trained(info) -> bool:
     return info.is_parameter or info.optimized or info.owner is not None
 
 
-def _rebuilt_loss(trace: Trace, root: int, rebuilt: List[int]) -> Diagnosis:
+def _rebuilt_loss(trace: TraceData, root: int, rebuilt: List[int]) -> Diagnosis:
     made = trace.ops[trace.tensors[rebuilt[0]].created_by]
     name = _name(trace, root) or trace.tensor_label(root)
     leaf = "`%s`" % _name(trace, rebuilt[0]) if _name(trace, rebuilt[0]) and rebuilt[0] != root else "a new leaf"
@@ -405,7 +405,7 @@ def _rebuilt_loss(trace: Trace, root: int, rebuilt: List[int]) -> Diagnosis:
     return diag
 
 
-def _find_cut(trace: Trace, root: int, before: int):
+def _find_cut(trace: TraceData, root: int, before: int):
     """(the op that cut the chain from `root` back to what requires grad, why), or (None, why)."""
     found = ancestors(trace, [root], before)
     cuts = [op for op in trace.ops[:before] if any(t in found for t in op.outputs + op.writes) and is_cut(trace, op)]
@@ -446,7 +446,7 @@ def _find_cut(trace: Trace, root: int, before: int):
     return None, "from data alone"
 
 
-def _drops_a_graph(trace: Trace, cut: OpRecord) -> bool:
+def _drops_a_graph(trace: TraceData, cut: OpRecord) -> bool:
     """Whether `cut` took its values from a tensor with a graph behind it (`log_probs[0, i].item()`),
     not from what ran with no graph recorded at all (a reward model's forward under no_grad)."""
     return any(t in trace.tensors and trace.tensors[t].first_requires_grad and not trace.tensors[t].is_leaf
@@ -481,7 +481,7 @@ def _why_cut(op: OpRecord) -> str:
     return "`%s` is not differentiable (its result never requires grad)" % op.name
 
 
-def _cut_fix(trace: Trace, op: Optional[OpRecord], why: str) -> str:
+def _cut_fix(trace: TraceData, op: Optional[OpRecord], why: str) -> str:
     src = op.location.source if op is not None and op.location else ""
     short = op.name.rpartition(".")[2] if op is not None else ""
     if "frozen" in why:
@@ -534,13 +534,13 @@ def _without_exit(src: str) -> Optional[str]:
 
 # -- missing-grad ---------------------------------------------------------------------------------
 
-def missing_grad(trace: Trace) -> List[Diagnosis]:
+def missing_grad(trace: TraceData) -> List[Diagnosis]:
     out = _moved_leaves(trace) + _unused_inputs(trace) + _replaced_parameters(trace)
     out += _cut_parameters(trace, {d.tensor for d in out})
     return out
 
 
-def _replaced_parameters(trace: Trace) -> List[Diagnosis]:
+def _replaced_parameters(trace: TraceData) -> List[Diagnosis]:
     """A parameter an optimizer holds that its module no longer holds at the end, because another
     parameter, which the optimizer does not hold, took its place in the forward (the same operand of
     the same op: `self.mask = nn.Parameter(new)` after the optimizer was built): from then on the old
@@ -579,7 +579,7 @@ def _replaced_parameters(trace: Trace) -> List[Diagnosis]:
     return out
 
 
-def _assignment_between(trace: Trace, attr: str, after: int, before: int) -> Optional[Location]:
+def _assignment_between(trace: TraceData, attr: str, after: int, before: int) -> Optional[Location]:
     """The last statement assigning an attribute `attr` (`self.mask = ...`, `model.mask = ...`) in a
     function that ran ops between op indices `after` and `before`."""
     ran = {(op.location.filename, op.location.scope) for op in trace.ops[after + 1:before] if op.location}
@@ -599,11 +599,11 @@ def _assignment_between(trace: Trace, attr: str, after: int, before: int) -> Opt
     return found
 
 
-def _ran_backward(trace: Trace) -> List[OpRecord]:
+def _ran_backward(trace: TraceData) -> List[OpRecord]:
     return [op for op in trace.ops if op.is_backward and op.error is None]
 
 
-def _moved_leaves(trace: Trace) -> List[Diagnosis]:
+def _moved_leaves(trace: TraceData) -> List[Diagnosis]:
     """`w = torch.randn(3, requires_grad=True).double()`: `w` is the move's result, not the leaf."""
     out = []
     runs = _ran_backward(trace)
@@ -638,7 +638,7 @@ def _moved_leaves(trace: Trace) -> List[Diagnosis]:
     return out
 
 
-def _copied_from_lost_leaf(trace: Trace, info):
+def _copied_from_lost_leaf(trace: TraceData, info):
     """(the copy applied to the leaf, the one that made `info`) when `info` is a copy (moves, `.clone()`,
     a view that only reshapes) or a chain of copies of a leaf that required grad when it was copied
     (made with requires_grad=True, or set so later: the copy requires grad then), and the leaf has no
@@ -658,7 +658,7 @@ def _copied_from_lost_leaf(trace: Trace, info):
     return None
 
 
-def _copied_from_the_leaf_itself(trace: Trace, op, leaf: int) -> bool:
+def _copied_from_the_leaf_itself(trace: TraceData, op, leaf: int) -> bool:
     """The copy's node leads straight to the leaf's AccumulateGrad: the leaf required grad when it was
     copied, though it was made without (`x.requires_grad = True` later). A tensor made a leaf and then
     written in place with a value that requires grad is no longer a leaf: its copy leads to the write."""
@@ -749,7 +749,7 @@ def _moved_into_parameter(value: ast.expr) -> Optional[ast.expr]:
     return ast.Call(func=value.func, args=[wrapped] + value.args[1:], keywords=value.keywords)
 
 
-def _unused_inputs(trace: Trace) -> List[Diagnosis]:
+def _unused_inputs(trace: TraceData) -> List[Diagnosis]:
     """autograd.grad(out, [a, b]) where `b` is not on the path: PyTorch names only an index."""
     out = []
     for cp in _backward_checkpoints(trace):
@@ -781,7 +781,7 @@ def _unused_inputs(trace: Trace) -> List[Diagnosis]:
     return out
 
 
-def _path_cut(trace: Trace, tid: int, cp: Checkpoint, calls: FunctionCalls, start: Optional[OpRecord] = None):
+def _path_cut(trace: TraceData, tid: int, cp: Checkpoint, calls: FunctionCalls, start: Optional[OpRecord] = None):
     """(the op, why, what to do) where a data-flow path from `tid` to the backward call's roots stopped
     requiring grad: the first such op on the way (`.detach()`, an op under no_grad, the indices of
     `torch.max(y, 1)`, a comparison, an integer cast, the Python numbers a tensor was rebuilt from).
@@ -832,12 +832,12 @@ def _path_cut(trace: Trace, tid: int, cp: Checkpoint, calls: FunctionCalls, star
                                 "trip through Python numbers or NumPy")
 
 
-def _is_integral(trace: Trace, tid: int) -> bool:
+def _is_integral(trace: TraceData, tid: int) -> bool:
     info = trace.tensors.get(tid)
     return info is not None and (info.dtype.startswith(("int", "uint")) or info.dtype == "bool")
 
 
-def _forward_use(trace: Trace, tid: int, calls: FunctionCalls, grad_enabled: bool = True) -> Optional[OpRecord]:
+def _forward_use(trace: TraceData, tid: int, calls: FunctionCalls, grad_enabled: bool = True) -> Optional[OpRecord]:
     """The first op that used `tid` in a forward pass where a graph could have been built: took it as
     an input with grad on (or inside a custom Function's forward, called with grad on) and made a
     tensor of it or turned it into Python values, without writing it (an initialisation, an update).
@@ -849,7 +849,7 @@ def _forward_use(trace: Trace, tid: int, calls: FunctionCalls, grad_enabled: boo
     return None
 
 
-def _cut_parameters(trace: Trace, already: Set[Optional[str]]) -> List[Diagnosis]:
+def _cut_parameters(trace: TraceData, already: Set[Optional[str]]) -> List[Diagnosis]:
     """A parameter meant to be trained (an optimizer in the block holds it, or its model got
     gradients for its other parameters) that requires grad, was used in the forward of a block that
     backpropagates, and got no gradient: named with the op where its chain to the loss stopped
@@ -939,7 +939,7 @@ def _listing(names: List[Optional[str]]) -> str:
 
 # -- nan-gradient ---------------------------------------------------------------------------------
 
-def nan_gradient(trace: Trace) -> List[Diagnosis]:
+def nan_gradient(trace: TraceData) -> List[Diagnosis]:
     origin = trace.nan_origin
     if origin is not None:
         return [_nan_at_node(trace, origin)]
@@ -978,7 +978,7 @@ _CAUSES = {
 }
 
 
-def _nan_at_node(trace: Trace, origin: Dict) -> Diagnosis:
+def _nan_at_node(trace: TraceData, origin: Dict) -> Diagnosis:
     key, node_name, facts = origin["node"], origin["name"], origin["facts"] or {}
     node = trace.nodes.get(key)
     op = trace.ops[node.created_by] if node is not None and node.created_by is not None else None

@@ -13,8 +13,8 @@ from typing import Dict, List, Optional, Tuple
 from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, also_changed, backward_outcome, code, counted,
                      data_fix, data_swap_fix, describe_write, inplace_fix, kept_fix, leaf_fix, line_ref, where,
                      without_graph, writes_after)
-from ..model import DATA_SWAP, Checkpoint, Diagnosis, OpRecord, SavedSlot, Trace
-from .paths import ancestors, engine_order, leading_to, reachable
+from ..model import DATA_SWAP, Checkpoint, Diagnosis, OpRecord, SavedSlot, TraceData
+from ..model.queries import ancestors, engine_order, leading_to, reachable
 from ..statements import parsed_sources
 from .stores import handed_loop_values, storing_line
 
@@ -27,7 +27,7 @@ _INPLACE_ERROR = "modified by an inplace operation"
 
 # -- leaf-inplace ---------------------------------------------------------------------------------
 
-def _leaf_inplace(trace: Trace) -> List[Diagnosis]:
+def _leaf_inplace(trace: TraceData) -> List[Diagnosis]:
     """Every write into a leaf that requires grad, however spelled (an in-place method, `t[i] = v`,
     `+=`, `copy_`, `inplace=True`, `out=`): PyTorch refuses it, naming neither the tensor nor the line."""
     out = []
@@ -59,7 +59,7 @@ def _leaf_inplace(trace: Trace) -> List[Diagnosis]:
     return out
 
 
-def _leaf_input(trace: Trace, op: OpRecord) -> Optional[int]:
+def _leaf_input(trace: TraceData, op: OpRecord) -> Optional[int]:
     for t_id in op.inputs:
         leaf = _leaf_of(trace, t_id)
         if leaf is not None:
@@ -67,7 +67,7 @@ def _leaf_input(trace: Trace, op: OpRecord) -> Optional[int]:
     return op.inputs[0] if op.inputs else None
 
 
-def _leaf_of(trace: Trace, t_id: int) -> Optional[int]:
+def _leaf_of(trace: TraceData, t_id: int) -> Optional[int]:
     """The leaf that requires grad a write into `t_id` writes: the tensor itself, or the leaf whose view
     it is (the one the user must leave alone); else None."""
     info = trace.tensors.get(t_id)
@@ -83,7 +83,7 @@ def _leaf_of(trace: Trace, t_id: int) -> Optional[int]:
 
 # -- saved-tensor-modified and silent-data-mutation -----------------------------------------------
 
-def _saved_tensor_writes(trace: Trace, ranks: Dict[int, tuple]) -> List[Diagnosis]:
+def _saved_tensor_writes(trace: TraceData, ranks: Dict[int, tuple]) -> List[Diagnosis]:
     """A stale or overwritten saved tensor is a problem where a backward runs (or ran) its node:
     the nodes of each backward call, and at the end of the block only graphs that no backward ran
     from and that one still could (_runnable_roots). `ranks` gets, per diagnosis, when backward
@@ -130,7 +130,7 @@ def _saved_tensor_writes(trace: Trace, ranks: Dict[int, tuple]) -> List[Diagnosi
     return _merge_same_write(trace, list(found.values()), ranks)
 
 
-def _runnable_roots(trace: Trace, cp: Checkpoint) -> List[int]:
+def _runnable_roots(trace: TraceData, cp: Checkpoint) -> List[int]:
     """The roots, at the block's end, of graphs that no backward ran from and that a backward could
     still run: not those reaching a node whose saved tensors an earlier backward freed (the class
     output of a second pass whose trunk the loss backpropagated, `_, domain_output = net(t_img)`).
@@ -144,7 +144,7 @@ def _runnable_roots(trace: Trace, cp: Checkpoint) -> List[int]:
     return [r for r in roots if r not in dead]
 
 
-def _merge_same_write(trace: Trace, diagnoses: List[Diagnosis], ranks: Dict[int, tuple]) -> List[Diagnosis]:
+def _merge_same_write(trace: TraceData, diagnoses: List[Diagnosis], ranks: Dict[int, tuple]) -> List[Diagnosis]:
     """One line that breaks many saved tensors (optimizer.step() on a whole model, a write in a
     loop) is one problem: name the tensor backward meets first and list the others."""
     by_write: Dict[Tuple, List[Diagnosis]] = {}
@@ -172,12 +172,12 @@ class _WriteIndex(list):
     """The ops that wrote something, in order: slots look up only those (graphs have 100,000
     saved tensors and ops; writes are few)."""
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: TraceData):
         super().__init__(op for op in trace.ops if op.writes)
         self.positions = [op.index for op in self]
 
     @staticmethod
-    def between(trace: Trace, index: "_WriteIndex", byte_range, after: int, before: int,
+    def between(trace: TraceData, index: "_WriteIndex", byte_range, after: int, before: int,
                 root: Optional[int] = None, held: Optional[int] = None) -> List[Tuple[OpRecord, int]]:
         """Writes in ops after..before that overlap the bytes, or (with root) share its version counter;
         a swap of memory (`t.data = new`) only where it swapped the very tensor object a slot holds
@@ -199,7 +199,7 @@ class _WriteIndex(list):
         return hits
 
 
-def _root(trace: Trace, t_id: Optional[int]) -> Optional[int]:
+def _root(trace: TraceData, t_id: Optional[int]) -> Optional[int]:
     """The tensor whose version counter a view shares: the end of its chain of bases."""
     seen = set()
     while t_id is not None and t_id not in seen:
@@ -211,7 +211,7 @@ def _root(trace: Trace, t_id: Optional[int]) -> Optional[int]:
     return t_id
 
 
-def _is_data_alias(trace: Trace, t_id: int) -> bool:
+def _is_data_alias(trace: TraceData, t_id: int) -> bool:
     seen = set()
     while t_id is not None and t_id not in seen:
         seen.add(t_id)
@@ -271,13 +271,13 @@ def _saved_diagnosis(trace, kind, cp: Checkpoint, slot: SavedSlot, node, saved_o
     return diag
 
 
-def _backward_failed(trace: Trace, cp: Checkpoint) -> bool:
+def _backward_failed(trace: TraceData, cp: Checkpoint) -> bool:
     return 0 <= cp.op_index < len(trace.ops) and trace.ops[cp.op_index].error is not None
 
 
 # -- accumulated-graph ---------------------------------------------------------------------------
 
-def _accumulated_graphs(trace: Trace) -> List[Diagnosis]:
+def _accumulated_graphs(trace: TraceData) -> List[Diagnosis]:
     """A tensor still alive at some point, kept by anything, whose history chains graphs that a
     backward already ran, more of them with every iteration. Two ways to keep them:
 
@@ -313,7 +313,7 @@ class _SideChains:
     steps whose backpropagated graphs each of their tensors holds (bit s of an int for step s,
     counted in updates and in backward calls: which one is the step is known at the end)."""
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: TraceData):
         self.trace = trace
         nodes, ops, tensors = trace.nodes, trace.ops, trace.tensors
         self.consumed = {k for k, n in nodes.items() if k >= 0 and n.consumed_by}
@@ -447,7 +447,7 @@ class _SideChains:
         return entry is not None and self._root(entry[2]) in self.flagged
 
 
-def _trains(trace: Trace, t_id: int) -> bool:
+def _trains(trace: TraceData, t_id: int) -> bool:
     """Whether a write to this tensor updates a leaf that requires grad (itself, or what it views or
     aliases through `.data`): a training step."""
     root = t_id
@@ -464,7 +464,7 @@ def _trains(trace: Trace, t_id: int) -> bool:
     return False
 
 
-def _linked_diagnosis(trace: Trace, chains: _SideChains, chain: int) -> Diagnosis:
+def _linked_diagnosis(trace: TraceData, chains: _SideChains, chain: int) -> Diagnosis:
     nodes = trace.nodes
     op = chains.grew[chain][0 if chains.by_updates else 1] or trace.ops[chains.last[chain][0]]
     _, held = chains.steps(chains.last[chain])
@@ -523,7 +523,7 @@ def _detached_value(source: str, arguments=frozenset()) -> Optional[str]:
     return without_graph(text[:-len(value)], value, "", arguments) or None
 
 
-def _kept_apart(trace: Trace, chains: _SideChains) -> Optional[Diagnosis]:
+def _kept_apart(trace: TraceData, chains: _SideChains) -> Optional[Diagnosis]:
     """Tensors each holding a backpropagated graph, kept past later backward calls (trace.kept), made
     again and again by the same code: at each backward call (and at the end), the steps before the
     current one whose graphs the kept tensors of one line still hold. Growing: the most ever held, two
@@ -620,7 +620,7 @@ def _kept_apart(trace: Trace, chains: _SideChains) -> Optional[Diagnosis]:
     return diag
 
 
-def _stored_at(trace: Trace, op: OpRecord, t_id: int):
+def _stored_at(trace: TraceData, op: OpRecord, t_id: int):
     """The statement that adds the tensor to a container (stores.storing_line), by the name the
     line that made it assigns."""
     return storing_line(trace, op.location, _assigned_name(trace, op), op.name) if op.location is not None else None
@@ -663,7 +663,7 @@ def _bit_positions(bits: int) -> List[int]:
     return out
 
 
-def _retained_history(trace: Trace) -> List[Diagnosis]:
+def _retained_history(trace: TraceData) -> List[Diagnosis]:
     """The usual wrong fix for "backward through the graph a second time": a loop carries a
     tensor from one iteration into the next (`h = cell(x, h)`) and every backward keeps the graph
     (`retain_graph=True`). Nothing raises, but each backward runs again through every earlier
@@ -741,7 +741,7 @@ def _retained_history(trace: Trace) -> List[Diagnosis]:
     return out
 
 
-def _read_state(trace: Trace, op: OpRecord) -> Optional[str]:
+def _read_state(trace: TraceData, op: OpRecord) -> Optional[str]:
     """The one attribute or element the line reads that the file also assigns (`self.prev` in
     `h = torch.tanh(z + self.prev)`, with `self.prev = h` elsewhere): where the state is kept between
     iterations."""
@@ -772,7 +772,7 @@ def _is_expression(text: str) -> bool:
     return isinstance(node, (ast.Name, ast.Attribute, ast.Subscript))
 
 
-def _carried(trace: Trace, made: List[Tuple[int, int]], keeping: set, failed: set) -> Optional[Tuple[int, List[int], Optional[int]]]:
+def _carried(trace: TraceData, made: List[Tuple[int, int]], keeping: set, failed: set) -> Optional[Tuple[int, List[int], Optional[int]]]:
     """(old node, new nodes, the tensor the new ones took in) when the line's nodes chain iterations:
     its earliest node run again (by a backward that kept the graph and built none) is run by the next
     backward together with nodes the line made in between, which reach it; the edge where they reach
@@ -804,7 +804,7 @@ def _carried(trace: Trace, made: List[Tuple[int, int]], keeping: set, failed: se
     return (old, reaching, taken_in) if reaching else None
 
 
-def _reach(trace: Trace, starts: List[int], floor: int) -> set:
+def _reach(trace: TraceData, starts: List[int], floor: int) -> set:
     """The nodes reachable from `starts`, made no earlier than node `floor` (node keys grow as
     nodes are made, and a node's inputs are older than it): the part of the graph between them."""
     nodes = trace.nodes
@@ -819,7 +819,7 @@ def _reach(trace: Trace, starts: List[int], floor: int) -> set:
     return seen
 
 
-def _recurrences(trace: Trace, carried: Dict[object, tuple]) -> List[List[object]]:
+def _recurrences(trace: TraceData, carried: Dict[object, tuple]) -> List[List[object]]:
     """The carrying lines grouped by recurrence: two lines are one when each one's new nodes reach
     the other's old node (a state and its copy; two layers that each carry their own state are two)."""
     lines = list(carried)
@@ -840,7 +840,7 @@ def _recurrences(trace: Trace, carried: Dict[object, tuple]) -> List[List[object
     return list(out.values())
 
 
-def _assigned_name(trace: Trace, op: OpRecord) -> Optional[str]:
+def _assigned_name(trace: TraceData, op: OpRecord) -> Optional[str]:
     """The name a line assigns to (`running_loss += loss` -> running_loss; `sums[k] = ...` ->
     sums[k]), from its source."""
     text = op.location.source if op.location else ""

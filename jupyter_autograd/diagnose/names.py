@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from ..model import DATA_SWAP, FREEZE_SETTER, Diagnosis, OpRecord, Trace
+from ..model import DATA_SWAP, FREEZE_SETTER, Diagnosis, OpRecord, TraceData
 from ..statements import Statements, dotted, element, same_op, written_tensor
 
 # The recorded names (without `Tensor.`, `torch.`, underscores) an operator of the source runs as.
@@ -61,7 +61,7 @@ _BRANCHING = (ast.BoolOp, ast.IfExp, ast.ListComp, ast.SetComp, ast.DictComp, as
 _READINGS = 64  # consistent readings of one statement beyond which none is taken as certain
 
 
-def names_at_culprits(trace: Trace, found: List[Diagnosis]) -> Dict[int, str]:
+def names_at_culprits(trace: TraceData, found: List[Diagnosis]) -> Dict[int, str]:
     """tid -> the expression the culprit line of a diagnosis uses for the tensor it names, where that
     is certain and goes before the tensor's name (the first diagnosis to name a tensor decides)."""
     statements, renamed = Statements(trace), {}
@@ -83,7 +83,7 @@ def names_at_culprits(trace: Trace, found: List[Diagnosis]) -> Dict[int, str]:
     return renamed
 
 
-def spelled(trace: Trace, statements: Statements, op: OpRecord, tid: int) -> Optional[str]:
+def spelled(trace: TraceData, statements: Statements, op: OpRecord, tid: int) -> Optional[str]:
     """The expression op's statement uses for tensor `tid`, which the op wrote, made or took, when
     certain; else None."""
     text = statements.text(op.location)
@@ -116,7 +116,7 @@ def spelled(trace: Trace, statements: Statements, op: OpRecord, tid: int) -> Opt
     return said.pop() if said else None
 
 
-def _same_statement(trace: Trace, statements: Statements, op: OpRecord) -> List[OpRecord]:
+def _same_statement(trace: TraceData, statements: Statements, op: OpRecord) -> List[OpRecord]:
     """The ops around `op` that ran at its statement, one after the other (a statement run again, in a
     loop or by another call, follows on; ops of any other line end the run). At most as many on each
     side as a statement of this size can run."""

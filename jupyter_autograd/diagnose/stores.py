@@ -14,7 +14,7 @@ import json
 from typing import Iterator, List, Optional, Tuple
 
 from ..fixes import without_graph
-from ..model import Location, Trace
+from ..model import Location, TraceData
 from ..statements import parsed_sources
 from .names import outermost_runs
 
@@ -24,7 +24,7 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 _DEPTH = 3  # helpers passing the tensor on to helpers
 
 
-def storing_line(trace: Trace, made_at: Location, name: Optional[str],
+def storing_line(trace: TraceData, made_at: Location, name: Optional[str],
                  op_name: str = "") -> Optional[Tuple[Location, str, str]]:
     """The one statement that adds the tensor `name`, made at `made_at`, to a container: in the
     function that made it, whose only binding of `name` is that line, in a function of the user's
@@ -60,7 +60,7 @@ def storing_line(trace: Trace, made_at: Location, name: Optional[str],
     return where, detached, stored
 
 
-def handed_loop_values(trace: Trace, location: Optional[Location]) -> frozenset:
+def handed_loop_values(trace: TraceData, location: Optional[Location]) -> frozenset:
     """The parameters of the function of this line that a call of it, in the user's files, fills with
     the elements of a container it loops over (`for k, v in logs.items(): meter.update(v)`): a container
     may hold Python numbers and tensors alike, so such a value is not known to be a tensor."""
@@ -204,7 +204,7 @@ def _only_assigned_call(trees: dict, function: ast.AST) -> Optional[Tuple[str, i
     return sites[0] if len(sites) == 1 else None
 
 
-def _parsed(trace: Trace) -> dict:
+def _parsed(trace: TraceData) -> dict:
     return dict(parsed_sources(trace.sources))
 
 

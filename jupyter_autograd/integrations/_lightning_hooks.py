@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, Optional
 
-from ..capture import warn
-from ..model import Trace
+from ..session import Trace, warn
 from ._steps import StepCapture
 
 

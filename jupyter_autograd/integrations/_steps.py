@@ -5,8 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Dict, Iterable, Optional, Tuple
 
-from ..capture import capture
-from ..model import Trace
+from ..session import Trace, capture
 
 
 class StepCapture:
@@ -59,8 +58,7 @@ class StepCapture:
         self.step = step
         if self._open is not None or step in self.traces or not self.wanted(step):
             return False
-        recording = capture(namespace=[], check_nan=self.check_nan)
-        recording._note_exceptions = self.on_exception
+        recording = capture(namespace=[], check_nan=self.check_nan, note_exceptions=self.on_exception)
         recording.__enter__()
         self._open, self._open_step, self._thread = recording, step, threading.get_ident()
         return True

@@ -9,8 +9,7 @@ from typing import Dict, Iterable, Optional
 from transformers import Trainer, TrainerCallback
 from transformers.utils import logging
 
-from ..capture import warn
-from ..model import Trace
+from ..session import Trace, warn
 from ._steps import StepCapture
 
 __all__ = ["AutogradCallback"]

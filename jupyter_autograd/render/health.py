@@ -1,7 +1,7 @@
 """Gradient health per module, as the view shows it: a bar on each module box (red when a flag
 is raised, the numbers on hover) and rows in the details of a module and of a parameter.
 
-Everything comes from `trace.grad_stats()` (see its docstring for the data: "steps", the
+Everything comes from the gradient statistics (stats.grad_stats, whose docstring has the data: "steps", the
 checked backward calls; "parameters" and "modules", each with one gradient norm per step, the
 ratio to the tensor's own norm, the change across the block and the flags "vanishing",
 "exploding", "nan-or-inf", "never-updated"; "thresholds"). A trace without it (no backward
@@ -12,22 +12,12 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional
 
-from ..model import Trace
-
 FLAG_WORDS = {"nan-or-inf": "NaN/Inf", "never-updated": "never updated", "vanishing": "vanishing",
               "exploding": "exploding"}
 
 
-def stats(trace: Trace) -> Optional[Dict]:
-    """trace.grad_stats(), or None where there is none (or it fails: a bar is a nicety, the
-    diagnosis is what matters)."""
-    read = getattr(trace, "grad_stats", None)
-    if read is None:
-        return None
-    try:
-        data = read()
-    except Exception:
-        return None
+def usable(data) -> Optional[Dict]:
+    """The statistics when they hold anything to show, else None."""
     return data if isinstance(data, dict) and (data.get("parameters") or data.get("modules")) else None
 
 
@@ -109,9 +99,9 @@ def describe(entry: Dict, data: Dict) -> List[List[str]]:
     return rows
 
 
-def module_health(trace: Trace) -> Dict[str, List]:
+def module_health(data: Optional[Dict]) -> Dict[str, List]:
     """Module name -> [last finite norm, flags (words), tooltip], for the bars on the boxes."""
-    data = stats(trace)
+    data = usable(data)
     if data is None:
         return {}
     out = {}
@@ -125,21 +115,21 @@ def module_health(trace: Trace) -> Dict[str, List]:
     return out
 
 
-def parameter_health(trace: Trace, name: str) -> List[List[str]]:
-    data = stats(trace)
+def parameter_health(data: Optional[Dict], name: str) -> List[List[str]]:
+    data = usable(data)
     entry = _by_name(data, "parameters").get(name) if data else None
     return describe(entry, data) if entry else []
 
 
-def module_rows(trace: Trace, name: str) -> List[List[str]]:
-    data = stats(trace)
+def module_rows(data: Optional[Dict], name: str) -> List[List[str]]:
+    data = usable(data)
     entry = _by_name(data, "modules").get(name) if data else None
     return describe(entry, data) if entry else []
 
 
-def module_parameters(trace: Trace, name: str) -> List[List[str]]:
+def module_parameters(data: Optional[Dict], name: str) -> List[List[str]]:
     """[parameter (relative to the module), last grad norm, health] for a module's parameters."""
-    data = stats(trace)
+    data = usable(data)
     module = _by_name(data, "modules").get(name) if data else None
     if module is None:
         return []

@@ -45,8 +45,8 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import networkx as nx
 
-from ..diagnose.paths import is_cut, node_at
-from ..model import Trace
+from ..model.queries import is_cut, node_at
+from ..model import TraceData
 
 MAX_CHILDREN = 40        # children of one box before its contents are chunked
 FIRST_VIEW_ITEMS = 10    # the model's own levels open by themselves up to this many things shown
@@ -226,7 +226,7 @@ class Scene:
 
 # -- building the scene ------------------------------------------------------------------------------
 
-def main_file(trace: Trace) -> str:
+def main_file(trace: TraceData) -> str:
     """The user's file (the cell): where a diagnosis points, else where code outside modules ran."""
     for d in trace.diagnoses:
         if d.filename:
@@ -234,7 +234,7 @@ def main_file(trace: Trace) -> str:
     return block_file(trace)
 
 
-def block_file(trace: Trace) -> str:
+def block_file(trace: TraceData) -> str:
     """The file of the block itself (the `%%autograd` cell): where its last op outside any
     module ran (a block ends in its own code; its first ops may run in a model's __init__)."""
     for op in reversed(trace.ops):
@@ -247,7 +247,7 @@ def write_id(op_index: int) -> str:
     return "op%d" % op_index
 
 
-def build_scene(trace: Trace, max_children: int = MAX_CHILDREN, eager_items: int = EAGER_ITEMS) -> Scene:
+def build_scene(trace: TraceData, max_children: int = MAX_CHILDREN, eager_items: int = EAGER_ITEMS) -> Scene:
     """The scene of one trace, with the boxes of the first view laid out (others on request)."""
     scene = Scene(total_nodes=len(trace.nodes))
     keys, lo, hi, folded = _iteration(trace)
@@ -277,7 +277,7 @@ def lay_out(scene: Scene, boxes: Iterable[str]) -> List[str]:
     return wanted
 
 
-def iteration_starts(trace: Trace) -> List[int]:
+def iteration_starts(trace: TraceData) -> List[int]:
     """The op index where each iteration of the block starts: 0, then, after each backward call,
     the first op that begins a forward pass (its grad_fn reaches a leaf through nodes made since
     that backward). What runs between a backward and the next forward (the optimizer step,
@@ -310,7 +310,7 @@ def iteration_of(starts: List[int], op_index: int) -> int:
     return max(0, bisect.bisect_right(starts, op_index) - 1)
 
 
-def _iteration(trace: Trace):
+def _iteration(trace: TraceData):
     """The grad_fn nodes of the iteration to draw: the one a diagnosis points at, else the last.
 
     Returns the node keys, the iteration's first and last op index, and how many nodes of other
@@ -362,14 +362,14 @@ def clip(text: str, width: int = MAX_CHARS) -> str:
     return text if len(text) <= width else text[:width - 1] + "\u2026"
 
 
-def _shape(trace: Trace, tid: Optional[int]) -> str:
+def _shape(trace: TraceData, tid: Optional[int]) -> str:
     info = trace.tensors.get(tid) if tid is not None else None
     if info is None:
         return ""
     return "[%s]" % ", ".join(str(s) for s in info.shape) if info.shape else "scalar"
 
 
-def _node_shape(trace: Trace, key: int) -> str:
+def _node_shape(trace: TraceData, key: int) -> str:
     """The shape of what node `key` made (its gradient's shape), when that is one shape: the
     op's output for the node an op recorded as its own, the parameter's for a leaf."""
     n = trace.nodes[key]
@@ -386,7 +386,7 @@ def _node_shape(trace: Trace, key: int) -> str:
     return shapes.pop() if len(shapes) == 1 else ""
 
 
-def _short_label(trace: Trace, tid: int) -> str:
+def _short_label(trace: TraceData, tid: int) -> str:
     """A tensor's name, else what made it (`F.linear output`): tensor_label's description is a
     sentence, too long for a box."""
     info = trace.tensors.get(tid)
@@ -405,7 +405,7 @@ def _saved_state(d) -> str:
     return " (saved v%d)" % d.saved_version if d.saved_version is not None else " (saved)"
 
 
-def line_labeller(trace: Trace):
+def line_labeller(trace: TraceData):
     """`where(op_index)`: the line an op ran at, as the labels say it: `line 7` when the trace's
     lines are all in one file, else `In [2], line 7` (a cell) or `model.py, line 41`."""
     ops = trace.ops
@@ -420,7 +420,7 @@ def line_labeller(trace: Trace):
     return where
 
 
-def _items(trace: Trace, scene: Scene, keys: Set[int], lo: int, folded: int) -> None:
+def _items(trace: TraceData, scene: Scene, keys: Set[int], lo: int, folded: int) -> None:
     nodes, ops, items = trace.nodes, trace.ops, scene.items
     named: Dict[int, str] = {}
     for info in trace.tensors.values():
@@ -544,7 +544,7 @@ def _items(trace: Trace, scene: Scene, keys: Set[int], lo: int, folded: int) -> 
     _names(trace, scene, keys)
 
 
-def _names(trace: Trace, scene: Scene, keys: Set[int]) -> None:
+def _names(trace: TraceData, scene: Scene, keys: Set[int]) -> None:
     """Every name of the trace that find should reach, to the item standing for it: a named
     result's node, a parameter's leaf; a tensor of a folded iteration, the folded box."""
     items = scene.items
@@ -562,7 +562,7 @@ def _names(trace: Trace, scene: Scene, keys: Set[int]) -> None:
             scene.names[info.name] = FOLD
 
 
-def _cut_here(trace: Trace, d, op) -> bool:
+def _cut_here(trace: TraceData, d, op) -> bool:
     """The diagnosis names the op where the chain to the parameters was cut (graph-cut, or a
     parameter starved by a cut), not the backward call or a move."""
     if op.is_backward:
@@ -570,7 +570,7 @@ def _cut_here(trace: Trace, d, op) -> bool:
     return d.kind == "graph-cut" or (d.kind == "missing-grad" and is_cut(trace, op))
 
 
-def _cut_edges(trace: Trace, scene: Scene, op, cut_id: str, targets: List[str]) -> None:
+def _cut_edges(trace: TraceData, scene: Scene, op, cut_id: str, targets: List[str]) -> None:
     """The cut op between what fed it and what used it: ordinary edges to the graph nodes of its
     inputs, and a broken one ("cut") from each node made from its result, or, when nothing with a
     graph was (`torch.tensor(x.item())`), from the tensor the diagnosis names (the loss)."""
@@ -588,7 +588,7 @@ def _cut_edges(trace: Trace, scene: Scene, op, cut_id: str, targets: List[str]) 
         scene.edges.append((user, cut_id, "cut"))
 
 
-def _boxes(trace: Trace, scene: Scene, max_children: int) -> None:
+def _boxes(trace: TraceData, scene: Scene, max_children: int) -> None:
     """One box per module call; items go into the box of the call that made them."""
     ops = trace.ops
     boxes = scene.boxes
@@ -676,7 +676,7 @@ def _boxes(trace: Trace, scene: Scene, max_children: int) -> None:
             box.sub = ", ".join(s for s in (box.sub, "%d nodes" % box.count) if s)
 
 
-def _line_boxes(trace: Trace, scene: Scene, children: List[str]) -> List[str]:
+def _line_boxes(trace: TraceData, scene: Scene, children: List[str]) -> List[str]:
     """Runs of LINE_BOX_MIN or more consecutive nodes one line made outside any module go into a
     box named by that line. Only consecutive children (in op order) share a box, so a box still
     holds one run of operations (no cycles between boxes: see the module docstring)."""
@@ -785,7 +785,7 @@ def children_of(scene: Scene, box: str) -> List[str]:
     return scene._root_children()
 
 
-def _focus(trace: Trace, scene: Scene) -> None:
+def _focus(trace: TraceData, scene: Scene) -> None:
     """What the first view must show (core: the first diagnosis's items), the way from there to
     the root (path), what it shows around them when there is room (focus), and the boxes open
     (those holding the problems and the nodes right above them; else the model's first level)."""

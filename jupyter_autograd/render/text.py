@@ -6,33 +6,9 @@ import textwrap
 from collections import Counter
 from typing import List, Optional
 
-from ..model import PROBLEM_KINDS, Diagnosis, Trace
+from ..model import EXPLAINS, PROBLEM_KINDS, Diagnosis, TraceData
 
-# The words of PyTorch's own error that each kind explains: a note goes on an exception only when
-# the diagnosis is about that very error, never on an unrelated one (a NameError, a shape mismatch).
-EXPLAINS = {
-    "leaf-inplace": ("leaf Variable that requires grad", "out=... arguments don't support automatic differentiation"),
-    "saved-tensor-modified": ("modified by an inplace operation",),
-    "graph-freed": ("backward through the graph a second time", "saved tensors after they have already been freed"),
-    "graph-cut": ("does not require grad and does not have a grad_fn",),
-    "missing-grad": ("not have been used in the graph",),
-    "nan-gradient": ("returned nan values", "returned inf values"),
-    "view-inplace": ("is a view and is being modified inplace", "is being modified inplace with grad mode enabled",
-                     "is being modified inplace in normal mode", "Inplace update to inference tensor outside"),
-    "inference-tensor-saved": ("Inference tensors cannot be saved for backward",),
-    "nonleaf-requires-grad": ("you can only change requires_grad flags of leaf variables",),
-    "nonscalar-backward": ("grad can be implicitly created only for scalar outputs",),
-    "not-differentiable": ("derivative for",),
-    "invalid-gradient": ("returned an invalid gradient at index", "returned an incorrect number of gradients",
-                         "returned a gradient different than None at position"),
-    "ddp-unused-parameters": ("Expected to have finished reduction in the prior iteration",),
-    "ddp-ready-twice": ("Expected to mark a variable ready only once",),
-    # The floor has no words of its own: it explains the very error it quotes (see exception_note).
-    "backward-error": (),
-}
-
-
-def graph_summary(trace: Trace) -> str:
+def graph_summary(trace: TraceData) -> str:
     fns = Counter(n.name for n in trace.nodes.values() if n.variable is None)
     leaves = [trace.tensor_label(n.variable) for n in trace.nodes.values() if n.variable is not None]
     saved = sum(len(n.saved) for n in trace.nodes.values())
@@ -53,7 +29,7 @@ def graph_summary(trace: Trace) -> str:
 INCOMPLETE = "the analysis is incomplete"  # said, with `trace.warnings`, wherever the verdict is shown
 
 
-def verdict(trace: Trace) -> str:
+def verdict(trace: TraceData) -> str:
     """What was found, in a few words. Never a bare "no problems found" when a part of the analysis
     failed (`trace.warnings`, each said by the stage that failed, with what it lost)."""
     if trace.diagnoses:
@@ -62,7 +38,7 @@ def verdict(trace: Trace) -> str:
     return "no problems found in what was analysed" if trace.warnings else "no problems found"
 
 
-def headline(trace: Trace) -> str:
+def headline(trace: TraceData) -> str:
     """The report's first line; the warnings follow it when the analysis is incomplete."""
     if trace.error and not trace.ops and not trace.warnings:
         return ("jupyter-autograd: the block stopped before any tensor operation ran (%s); there is no "
@@ -73,7 +49,7 @@ def headline(trace: Trace) -> str:
     return line + ("; %s:" % INCOMPLETE if trace.warnings else "")
 
 
-def text_report(trace: Trace, width: int = 100) -> str:
+def text_report(trace: TraceData, width: int = 100) -> str:
     lines = [headline(trace)]
     for warning in trace.warnings:
         lines.extend(textwrap.wrap(warning, width, initial_indent="  - ", subsequent_indent="    ",
@@ -98,7 +74,7 @@ def text_report(trace: Trace, width: int = 100) -> str:
 WHOLE_REPORT = "(trace.report() has the whole diagnosis)"
 
 
-def exception_note(trace: Trace, whole_report: str = WHOLE_REPORT) -> Optional[str]:
+def exception_note(trace: TraceData, whole_report: str = WHOLE_REPORT) -> Optional[str]:
     """A few lines for the traceback of a block that raised (PEP 678 `add_note`): the diagnosis
     that explains the exception, its lines and the start of its fix. None when no diagnosis is
     about this exception. `whole_report`, its last line, says where the user finds the rest."""
@@ -128,7 +104,7 @@ def fix_lines(fix: str, width: int, indent: str) -> List[str]:
     return out
 
 
-def _lines_of(trace: Trace, d: Diagnosis, indent: str) -> List[str]:
+def _lines_of(trace: TraceData, d: Diagnosis, indent: str) -> List[str]:
     """The culprit line and the second line, each with its file or cell (`In [2], line 16`) and
     labelled with what it is (Diagnosis.saved_label), the labels padded to one width."""
     culprit = (trace.place(d.filename, d.line), d.source) if d.line is not None else None

@@ -12,14 +12,14 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from typing import Dict, List, Tuple
 
-from ..model import OpRecord, Trace
+from ..model import OpRecord, TraceData
 from .layout import iteration_starts, line_labeller
 
 MAX_CHIPS = 12          # named tensors a step lists before it says "and N more"
 GROUPED_PARAMETERS = 3  # more parameters than this in one step are one chip
 
 
-def steps_of(trace: Trace) -> List[Tuple[int, int]]:
+def steps_of(trace: TraceData) -> List[Tuple[int, int]]:
     """(first op, last op) of each step. A step ends where the line changes, or where the op
     that began it runs again in the same module (a loop came back to the same line; the layers
     one line calls are other modules)."""
@@ -38,7 +38,7 @@ def _where(op: OpRecord):
     return (op.location.filename, op.location.line) if op.location is not None else None
 
 
-def iterations_of(trace: Trace, steps: List[Tuple[int, int]]) -> List[int]:
+def iterations_of(trace: TraceData, steps: List[Tuple[int, int]]) -> List[int]:
     """The index of the first step of each iteration: the step holding its first op."""
     firsts = [first for first, _ in steps]
     out = []
@@ -49,7 +49,7 @@ def iterations_of(trace: Trace, steps: List[Tuple[int, int]]) -> List[int]:
     return out or [0]
 
 
-def step_info(trace: Trace, steps: List[Tuple[int, int]], iterations: List[int], index: int) -> Dict:
+def step_info(trace: TraceData, steps: List[Tuple[int, int]], iterations: List[int], index: int) -> Dict:
     """What the timeline shows for one step: where, what ran, the tensors it touched."""
     first, last = steps[index]
     ops = trace.ops[first:last + 1]
@@ -69,7 +69,7 @@ def step_info(trace: Trace, steps: List[Tuple[int, int]], iterations: List[int],
             "chips": _chips(trace, ops), "note": _note(trace, ops)}
 
 
-def _chips(trace: Trace, ops: List[OpRecord]) -> List[List[str]]:
+def _chips(trace: TraceData, ops: List[OpRecord]) -> List[List[str]]:
     """[label, role, title] per tensor the step touched: `written` (in place), `made`, `read`."""
     role: Dict[int, str] = {}
     for o in ops:
@@ -118,7 +118,7 @@ def _version_at(info, op_index: int) -> str:
     return str(known[-1]) if known and known[-1] else ""
 
 
-def _note(trace: Trace, ops: List[OpRecord]) -> str:
+def _note(trace: TraceData, ops: List[OpRecord]) -> str:
     """One sentence on what the step means for autograd, where it is not plain."""
     if any(o.is_backward for o in ops):
         return ("backward: runs the graph from this loss down to the parameters, adds into their .grad and "

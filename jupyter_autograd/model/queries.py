@@ -7,7 +7,8 @@ import bisect
 import heapq
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from ..model import GRAD_MODE_SWITCHES, Checkpoint, ModuleCall, OpRecord, Trace
+from .records import GRAD_MODE_SWITCHES, Checkpoint, ModuleCall, OpRecord
+from .trace import TraceData
 
 # Ops that turn a tensor into Python values: the chain to the graph ends there.
 _EXITS = {"item", "tolist", "numpy", "__float__", "__int__", "__index__", "__complex__", "__array__"}
@@ -15,7 +16,7 @@ _EXITS = {"item", "tolist", "numpy", "__float__", "__int__", "__index__", "__com
 _FROM_VALUES = {"torch.tensor", "torch.as_tensor", "torch.asarray"}
 
 
-def engine_order(trace: Trace, cp: Checkpoint) -> List[int]:
+def engine_order(trace: TraceData, cp: Checkpoint) -> List[int]:
     """The nodes a backward call runs, in the order PyTorch's engine runs them: only nodes
     reachable from its roots (and, for autograd.grad, on a path to its inputs); a node runs once
     every node that feeds it has run, the highest sequence number first among the ready ones
@@ -43,7 +44,7 @@ def engine_order(trace: Trace, cp: Checkpoint) -> List[int]:
     return order
 
 
-def reachable(trace: Trace, roots: Iterable[int]) -> Set[int]:
+def reachable(trace: TraceData, roots: Iterable[int]) -> Set[int]:
     """The nodes reachable from `roots` through next_functions (the roots included)."""
     seen: Set[int] = set()
     stack = [r for r in roots if r in trace.nodes]
@@ -55,7 +56,7 @@ def reachable(trace: Trace, roots: Iterable[int]) -> Set[int]:
     return seen
 
 
-def leading_to(trace: Trace, within: Iterable[int], targets: Iterable[int]) -> Set[int]:
+def leading_to(trace: TraceData, within: Iterable[int], targets: Iterable[int]) -> Set[int]:
     """The nodes of `within` from which one of `targets` can be reached (the targets included)."""
     within = set(within)
     parents: Dict[int, List[int]] = {}
@@ -76,7 +77,7 @@ def _priority(key: int) -> float:
     return float("inf") if key < 0 else key
 
 
-def node_at(trace: Trace, tid: int, op_index: int) -> Optional[int]:
+def node_at(trace: TraceData, tid: int, op_index: int) -> Optional[int]:
     """The key of the grad_fn that tensor `tid` had just before op `op_index` ran."""
     for op in reversed(trace.ops[:op_index]):
         if tid in op.outputs or (tid in op.writes and op.node is not None):
@@ -87,12 +88,12 @@ def node_at(trace: Trace, tid: int, op_index: int) -> Optional[int]:
     return None
 
 
-def requires_grad(trace: Trace, tid: int) -> bool:
+def requires_grad(trace: TraceData, tid: int) -> bool:
     info = trace.tensors.get(tid)
     return info is not None and info.first_requires_grad
 
 
-def is_cut(trace: Trace, op: OpRecord) -> bool:
+def is_cut(trace: TraceData, op: OpRecord) -> bool:
     """The op took a tensor that requires grad and gave back none that does: `.detach()`, `.data`,
     `.item()`, `.numpy()`, argmax, a comparison, an integer cast, any op under no_grad."""
     if op.error or op.is_backward or not any(requires_grad(trace, t) for t in op.inputs):
@@ -107,7 +108,7 @@ def is_exit(op: OpRecord) -> bool:
     return not op.outputs and op.name.rpartition(".")[2] in _EXITS
 
 
-def switch_left_on(trace: Trace, op: OpRecord) -> Optional[OpRecord]:
+def switch_left_on(trace: TraceData, op: OpRecord) -> Optional[OpRecord]:
     """For an op that ran with grad off: the grad-mode switch that turned it off, when that switch is
     not a scope around the op; else None. A scope's enter and exit are recorded at one line (a `with`
     statement; the call of a function decorated with `@torch.no_grad()`, entered and left in
@@ -131,7 +132,7 @@ def switch_left_on(trace: Trace, op: OpRecord) -> Optional[OpRecord]:
     return switch
 
 
-def scope_call(trace: Trace, op: OpRecord) -> Optional[OpRecord]:
+def scope_call(trace: TraceData, op: OpRecord) -> Optional[OpRecord]:
     """For an op that ran with grad off inside a user-written module called from an open grad-off
     `with` block of another function (`with torch.no_grad(): logits = self.net(x)`): the op placed at
     that call, the line of the block that ran under grad off. Else None."""
@@ -142,7 +143,7 @@ def scope_call(trace: Trace, op: OpRecord) -> Optional[OpRecord]:
     return _placed(op, call) if call is not None else None
 
 
-def _open_switch(trace: Trace, op: OpRecord) -> Optional[Tuple[OpRecord, bool]]:
+def _open_switch(trace: TraceData, op: OpRecord) -> Optional[Tuple[OpRecord, bool]]:
     """(the innermost grad-off switch still open when `op` ran, whether the same line put the mode back
     after it), or None (off since before the block, or in a way we did not see)."""
     if op.grad_enabled or op.location is None:
@@ -168,7 +169,7 @@ def _open_switch(trace: Trace, op: OpRecord) -> Optional[Tuple[OpRecord, bool]]:
     return switch, closed
 
 
-def _call_from_block(trace: Trace, op: OpRecord, switch: OpRecord) -> Optional[ModuleCall]:
+def _call_from_block(trace: TraceData, op: OpRecord, switch: OpRecord) -> Optional[ModuleCall]:
     """The outermost call of a user-written module that ran `op`, made from the function of the `with`
     statement `switch`, below it and after it was entered."""
     where = switch.location
@@ -180,7 +181,7 @@ def _call_from_block(trace: Trace, op: OpRecord, switch: OpRecord) -> Optional[M
     return None
 
 
-def ancestors(trace: Trace, tids: Iterable[int], before: int) -> Set[int]:
+def ancestors(trace: TraceData, tids: Iterable[int], before: int) -> Set[int]:
     """Every tensor the given ones were computed from, through recorded ops before `before`. A
     tensor made from Python values (torch.tensor(x), or from_numpy, which is not recorded) is
     linked to the tensor those values were taken out of (see exit_before)."""
@@ -207,13 +208,13 @@ def ancestors(trace: Trace, tids: Iterable[int], before: int) -> Set[int]:
             return found
 
 
-def _bridge(trace: Trace, op: OpRecord, made: Optional[int], found: Set[int]) -> None:
+def _bridge(trace: TraceData, op: OpRecord, made: Optional[int], found: Set[int]) -> None:
     exit_op = exit_before(trace, op, made)
     if exit_op is not None:
         found.update(exit_op.inputs)
 
 
-def made_from_values(trace: Trace, op: OpRecord) -> Optional[int]:
+def made_from_values(trace: TraceData, op: OpRecord) -> Optional[int]:
     """The tensor that `op` made from given values (`torch.tensor(v)`, not `torch.zeros(n)`, which is made
     from sizes), or first used when its maker was not recorded (torch.from_numpy, torch.Tensor(list)),
     if any."""
@@ -227,7 +228,7 @@ def made_from_values(trace: Trace, op: OpRecord) -> Optional[int]:
     return None
 
 
-def exit_before(trace: Trace, op: OpRecord, made: Optional[int] = None, lines: int = 3) -> Optional[OpRecord]:
+def exit_before(trace: TraceData, op: OpRecord, made: Optional[int] = None, lines: int = 3) -> Optional[OpRecord]:
     """The op that turned a tensor into the Python values that tensor `made` was built from, `op`
     being the one that made it or first used it: the latest exit since the last backward call that
     took out values of the very shape `made` has (a round trip keeps it: `.numpy()` then
@@ -266,7 +267,7 @@ def _numel(shape) -> int:
     return n
 
 
-def descendants(trace: Trace, tid: int, after: int = -1) -> Tuple[Set[int], List[OpRecord]]:
+def descendants(trace: TraceData, tid: int, after: int = -1) -> Tuple[Set[int], List[OpRecord]]:
     """Tensors computed from `tid` by ops after `after`, and the cuts met on the way."""
     found, cuts = {tid}, []
     for op in trace.ops[after + 1:]:
@@ -279,14 +280,14 @@ def descendants(trace: Trace, tid: int, after: int = -1) -> Tuple[Set[int], List
     return found, cuts
 
 
-def first_use(trace: Trace, tid: int, grad_enabled: bool = True) -> Optional[OpRecord]:
+def first_use(trace: TraceData, tid: int, grad_enabled: bool = True) -> Optional[OpRecord]:
     for op in trace.ops:
         if tid in op.inputs and not op.is_backward and (op.grad_enabled or not grad_enabled):
             return op
     return None
 
 
-def at_caller(trace: Trace, op: OpRecord, tid: Optional[int]) -> OpRecord:
+def at_caller(trace: TraceData, op: OpRecord, tid: Optional[int]) -> OpRecord:
     """`op` placed at the user's line that called the module it ran in, when it ran inside a
     user-written module that got tensor `tid` as an argument (`D(fake)`, not the `self.net(x)` in
     D.forward that used it); else `op` itself. The outermost such call."""
@@ -298,7 +299,7 @@ def at_caller(trace: Trace, op: OpRecord, tid: Optional[int]) -> OpRecord:
     return op
 
 
-def at_maker(trace: Trace, tid: Optional[int], op: Optional[OpRecord]) -> Optional[OpRecord]:
+def at_maker(trace: TraceData, tid: Optional[int], op: Optional[OpRecord]) -> Optional[OpRecord]:
     """The op that made tensor `tid`, placed at the line that called the user-written module which
     returned it (`fake = G(z)`, not the last line of G.forward), if one did."""
     if op is None or tid is None:
@@ -315,7 +316,7 @@ def _placed(op: OpRecord, call: ModuleCall) -> OpRecord:
     return moved
 
 
-def cut_outputs(trace: Trace, op: OpRecord) -> Tuple[int, ...]:
+def cut_outputs(trace: TraceData, op: OpRecord) -> Tuple[int, ...]:
     """The results of `op` on which a chain stopped requiring grad: it took a tensor that requires
     grad and gave back these without. All of them for `.detach()`, argmax, a comparison, an integer
     cast or an op under no_grad; only the indices of `torch.max(y, 1)`, whose values keep theirs."""
@@ -329,7 +330,7 @@ class FunctionCalls:
     off because the call runs it, so an op in there ran in the grad mode of the call, as the user's
     code sees it (a parameter used inside `checkpoint(block, x)` is used with grad on)."""
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: TraceData):
         self.trace = trace
         self.spans = sorted(trace.function_calls)
         self.firsts = [first for first, _ in self.spans]
@@ -350,7 +351,7 @@ class FunctionCalls:
         return op.grad_enabled or self.enclosing(op) is not None
 
 
-def stops_after(trace: Trace, tid: int, after: int, before: int) -> Tuple[Set[int], List[Tuple[OpRecord, Tuple[int, ...]]]]:
+def stops_after(trace: TraceData, tid: int, after: int, before: int) -> Tuple[Set[int], List[Tuple[OpRecord, Tuple[int, ...]]]]:
     """Tensors computed from `tid` by ops in (after, before), and the ops met on the way where the chain
     stopped requiring grad, with the results on which it did (an op that turned tensors into Python
     values has none: it is listed with ())."""

@@ -31,9 +31,10 @@ from typing import Callable, Dict, List, Optional
 import anywidget
 import traitlets as t
 
-from .model import Trace
-from .render import health, layout, timeline
-from .render.text import INCOMPLETE, graph_summary, text_report, verdict
+from ..model import TraceData
+from ..render import health, layout, timeline
+from ..render.text import INCOMPLETE, graph_summary, text_report, verdict
+from ..stats import grad_stats
 
 _HERE = pathlib.Path(__file__).parent
 
@@ -79,9 +80,9 @@ class AutogradWidget(anywidget.AnyWidget):
     node_count = t.Int(0).tag(sync=True)
     render_ms = t.Float(0.0).tag(sync=True)
 
-    def __init__(self, trace: Trace, filename: Optional[str] = None, max_children: int = layout.MAX_CHILDREN,
+    def __init__(self, trace: TraceData, filename: Optional[str] = None, max_children: int = layout.MAX_CHILDREN,
                  **kwargs):
-        if not isinstance(trace, Trace):
+        if not isinstance(trace, TraceData):
             raise TypeError("AutogradWidget(trace) takes the Trace from `with jupyter_autograd.capture() as trace:`"
                             " or from `%%%%autograd -o NAME`; got %s" % type(trace).__name__)
         super().__init__(**kwargs)
@@ -96,7 +97,7 @@ class AutogradWidget(anywidget.AnyWidget):
             except Exception:  # whoever watches must never stop the widget from being made
                 pass
 
-    def _fill(self, trace: Trace, filename: Optional[str], max_children: int) -> None:
+    def _fill(self, trace: TraceData, filename: Optional[str], max_children: int) -> None:
         self._trace = trace
         self._max_children = max_children
         self._static_elsewhere = False   # display_trace shows the static pictures in an output of their own
@@ -120,7 +121,7 @@ class AutogradWidget(anywidget.AnyWidget):
         self.n_steps = len(self._steps)
         self.iterations = timeline.iterations_of(trace, self._steps)
         self.problem_step = self._step_of(trace.diagnoses[0].op_index) if trace.diagnoses else -1
-        self.grad_health = health.module_health(trace)
+        self.grad_health = health.module_health(_stats_of(trace))
         if trace.diagnoses:
             self.selected_diagnosis = 0
 
@@ -281,7 +282,7 @@ class AutogradWidget(anywidget.AnyWidget):
                 rows.append(["NaN/Inf in grad", "none seen"])
             if info.optimized:
                 rows.append(["optimizer", "stepped it" + ("" if info.stepped_with_grad else ", without a gradient")])
-            rows.extend(health.parameter_health(trace, info.name or ""))
+            rows.extend(health.parameter_health(_stats_of(trace), info.name or ""))
             if accumulator is not None:
                 rows.append(["gradient", "flows in through %s into .grad" % accumulator.name])
         else:
@@ -358,8 +359,9 @@ class AutogradWidget(anywidget.AnyWidget):
             rows.append(["holds" if kind == "chunk" else "module", sub])
         tables = []
         if kind == "module":
-            rows.extend(health.module_rows(self._trace, name))
-            params = health.module_parameters(self._trace, name)
+            data = _stats_of(self._trace)
+            rows.extend(health.module_rows(data, name))
+            params = health.module_parameters(data, name)
             if params:
                 tables.append({"caption": "gradient health of its parameters", "columns": ["parameter", "grad norm",
                                                                                             "health"], "rows": params})
@@ -376,7 +378,7 @@ class AutogradWidget(anywidget.AnyWidget):
         return self._trace.place(op.location.filename, op.location.line)
 
 
-def _sources(trace: Trace, filename: Optional[str] = None, max_lines: int = 5000) -> Dict[str, Dict]:
+def _sources(trace: TraceData, filename: Optional[str] = None, max_lines: int = 5000) -> Dict[str, Dict]:
     """The files the source panel can show: the culprit's and the saved line's of each diagnosis
     and the block's own cell (or `filename`), each with the name a person knows it by."""
     wanted: Dict[str, str] = {}
@@ -397,13 +399,13 @@ def _sources(trace: Trace, filename: Optional[str] = None, max_lines: int = 5000
     return out
 
 
-def _group_title(trace: Trace, name: str) -> str:
+def _group_title(trace: TraceData, name: str) -> str:
     return "%s (%s)" % (name, trace.modules[name]) if name in trace.modules else name
 
 
 
 
-def _diagnosis_dict(trace: Trace, d) -> Dict:
+def _diagnosis_dict(trace: TraceData, d) -> Dict:
     """What a diagnosis's card shows. `line`/`saved_line` number the lines to mark in the source
     pane; `place`/`saved_place` say where they are (`In [2], line 16`, `model.py, line 41`) and
     `saved_label` what the second line is ("saved", "freed by", ...)."""
@@ -416,11 +418,11 @@ def _diagnosis_dict(trace: Trace, d) -> Dict:
 
 # -- static pictures, for wherever the widget cannot live ------------------------------------------
 
-def static_bundle(trace: Trace, scene: Optional[layout.Scene] = None) -> Dict[str, str]:
+def static_bundle(trace: TraceData, scene: Optional[layout.Scene] = None) -> Dict[str, str]:
     """The first view and the diagnoses without JavaScript: text/html, image/png, text/plain.
 
     `scene`: the widget's, when it still has it (large graphs); else built again (small ones)."""
-    from .render import draw
+    from ..render import draw
 
     scene = scene or layout.build_scene(trace)
     bundle = {"text/html": static_html(trace, scene), "text/plain": text_report(trace)}
@@ -431,7 +433,7 @@ def static_bundle(trace: Trace, scene: Optional[layout.Scene] = None) -> Dict[st
     return bundle
 
 
-def picture_title(trace: Trace) -> str:
+def picture_title(trace: TraceData) -> str:
     """The PNG's caption: the first problem, and, when a part of the analysis failed, that it did
     and what was lost (one line each)."""
     lines = [trace.diagnoses[0].title] if trace.diagnoses else []
@@ -442,9 +444,9 @@ def picture_title(trace: Trace) -> str:
     return "\n".join(lines)
 
 
-def static_html(trace: Trace, scene: Optional[layout.Scene] = None) -> str:
+def static_html(trace: TraceData, scene: Optional[layout.Scene] = None) -> str:
     """The diagnoses and the first view as HTML with an inline SVG; every string escaped."""
-    from .render import draw
+    from ..render import draw
 
     scene = scene or layout.build_scene(trace)
     esc = html.escape
@@ -483,31 +485,19 @@ def static_html(trace: Trace, scene: Optional[layout.Scene] = None) -> str:
     return "".join(parts)
 
 
-def warm_up() -> None:
-    """Import and draw once what a report needs (matplotlib, its fonts), as the extension loads.
-    Done by the first report of a kernel instead, it made that cell 1.5 s longer; a failing cell
-    that runs longer sees more of the cells run after it reach the kernel while it runs, and
-    Jupyter aborts those (ipykernel's stop_on_error). A tiny block with a backward, so that what a
-    report of a real block reads (gradient health, the timeline) is imported too."""
-    import torch
-
-    from .capture import capture
-
-    with capture(namespace={}) as trace:
-        w = torch.ones(2, requires_grad=True)
-        (w * 2).sum().backward()
-    del w
-    AutogradWidget(trace).close()
-    static_bundle(trace)
-    try:  # the first large message of the kernel imports pyzmq's zero-copy bookkeeping
-        import zmq.utils.garbage  # noqa: F401
-    except ImportError:
-        pass
+def _stats_of(trace: TraceData) -> Optional[Dict]:
+    """The trace's gradient statistics (its own `grad_stats()` where it has one), or None where
+    reading them fails: a bar is a nicety, the diagnosis is what matters."""
+    try:
+        read = getattr(trace, "grad_stats", None)
+        return read() if read is not None else grad_stats(trace)
+    except Exception:
+        return None
 
 
 def _static_legend(scene: layout.Scene) -> str:
     """One line: a swatch and a few words for each colour and line the picture draws."""
-    from .render import draw
+    from ..render import draw
 
     entries = []
     for kind, words in draw.legend(scene):
@@ -524,7 +514,7 @@ def _static_legend(scene: layout.Scene) -> str:
         % "".join(entries)
 
 
-def display_trace(trace: Trace, filename: Optional[str] = None) -> None:
+def display_trace(trace: TraceData, filename: Optional[str] = None) -> None:
     """Show the static pictures and the widget as two outputs: the first stands in for the
     second wherever the widget cannot be drawn (no kernel, GitHub, nbconvert); where it can,
     the widget's CSS hides the first. In a marimo notebook the same two, through marimo's own
@@ -566,9 +556,9 @@ def _running_ipython():
     return ipython.get_ipython() if ipython is not None else None
 
 
-def save_html(trace: Trace, path, filename: Optional[str] = None) -> pathlib.Path:
+def save_html(trace: TraceData, path, filename: Optional[str] = None) -> pathlib.Path:
     """Write one self-contained HTML file with the interactive view (no server, no kernel)."""
-    from .render.standalone import page
+    from ..render.standalone import page
 
     widget = AutogradWidget(trace, filename=filename)
     try:

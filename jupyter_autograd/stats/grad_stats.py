@@ -12,7 +12,7 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional
 
-from .model import Trace
+from ..model import TraceData
 
 # An update smaller than 2**-24 of a float32 value is lost to rounding: below this |g| / |p| a
 # step at a learning rate of 1 leaves the parameter as it was, and any usual rate even more so.
@@ -27,7 +27,7 @@ EXPLODING_RATIO = 100.0
 VANISHING, EXPLODING, NONFINITE, NEVER_UPDATED = "vanishing", "exploding", "nan-or-inf", "never-updated"
 
 
-def grad_stats(trace: Trace) -> Dict[str, Any]:
+def grad_stats(trace: TraceData) -> Dict[str, Any]:
     """See Trace.grad_stats."""
     steps = sorted({index for info in trace.tensors.values() for index, _ in info.grad_norms})
     position = {index: i for i, index in enumerate(steps)}
@@ -87,7 +87,7 @@ def _flags(e: Dict[str, Any], median: Optional[float]) -> List[str]:
     return flags
 
 
-def _modules_holding(trace: Trace, info):
+def _modules_holding(trace: TraceData, info):
     """(the module that holds a parameter, every module on its path up to the outermost), from its
     dotted name: a parameter of a module called in the block is named along that module's tree
     (info.owner is the outermost's name), so each prefix from there is a module, called or not
@@ -104,7 +104,7 @@ def _modules_holding(trace: Trace, info):
     return (path[0] if path else None), path
 
 
-def _modules(trace: Trace, parameters: List[Dict[str, Any]], n_steps: int) -> List[Dict[str, Any]]:
+def _modules(trace: TraceData, parameters: List[Dict[str, Any]], n_steps: int) -> List[Dict[str, Any]]:
     """Each module that holds parameters of the list, at every level of its path (`net.0` and `net`):
     the norms of all its parameters' gradients taken together, and the union of their flags."""
     members: Dict[str, List[Dict[str, Any]]] = {}
@@ -132,6 +132,6 @@ def _total(norms) -> Optional[float]:
     return math.sqrt(sum(n * n for n in known)) if known else None
 
 
-def _place(trace: Trace, index: int) -> str:
+def _place(trace: TraceData, index: int) -> str:
     op = trace.ops[index] if 0 <= index < len(trace.ops) else None
     return trace.place(op.location.filename, op.location.line) if op is not None and op.location else ""
