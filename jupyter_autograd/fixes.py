@@ -35,7 +35,7 @@ from collections import Counter
 from typing import List, Optional, Tuple
 
 from .model import OpRecord, TraceData
-from .statements import parsed_sources
+from .source.statements import parsed_sources
 
 REPLACE = "Replace the culprit line with:"
 REPLACE_LINE = "Replace line %d of %s with:"

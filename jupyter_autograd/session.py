@@ -20,9 +20,11 @@ from .capture import build, lifecycle
 # Imported once here rather than in the functions that use them: every block's start and end
 # ran those import statements, and a training loop's step pays for each with cold caches.
 # Modules, not their functions, where tests and users may replace a function.
+from .capture.frames import frame_names, hide_own_frames
 from .capture.lifecycle import InterruptsHeld
 from .capture.lifecycle import release as release_block
-from .capture.recorder import Recorder, frame_names, hide_own_frames, thread_state
+from .capture.mode import Recorder
+from .capture.state import thread_state
 from .model import TraceData
 
 __all__ = ["capture", "Trace", "file_namers", "warn"]
@@ -269,7 +271,7 @@ class capture:
         lifecycle.unguard(safety_net)
         if exc is not None:
             lifecycle.finish_interrupted_mode_stashes(exc)
-        self._recorder.block_watch = None
+        self._recorder.unwatch_exit()
         release_block(self._recorder)
 
     def close(self) -> None:
@@ -309,14 +311,14 @@ class capture:
             elif self._not_started is not None:
                 self.trace.warnings.extend([self._not_started] + ended)
             elif recorder is not None:
-                if recorder.step is not None:  # the block ended inside an optimizer step
-                    recorder.end_block_inside_step(raised=exc is not None)
+                if recorder.steps.step is not None:  # the block ended inside an optimizer step
+                    recorder.steps.end_with_block(recorder, raised=exc is not None)
                 part = recorder if outer is None else recorder.since(self._start)
-                previous_off, recorder.off = recorder.off, "building the trace"
+                previous = recorder.pause()  # the build's own reads are no ops of the block
                 try:
                     self.trace._defer(finish(part, self._namespace, exc, ended))
                 finally:
-                    recorder.off = previous_off
+                    recorder.resume(previous)
         except Exception as internal:  # the user's result matters more than our report
             message = "jupyter_autograd could not analyse this block (%s: %s)" % (type(internal).__name__, internal)
             self.trace.warnings.append(message)

@@ -20,7 +20,7 @@ import lightning.pytorch as pl
 import pytorch_lightning
 from transformers import Trainer, TrainingArguments
 
-from jupyter_autograd.capture import recorder as recorder_module
+from jupyter_autograd.capture import state as capture_state
 from jupyter_autograd.integrations import lightning as ja_lightning
 from jupyter_autograd.integrations import pytorch_lightning as ja_pytorch_lightning
 from jupyter_autograd.integrations import transformers as ja_transformers
@@ -40,7 +40,7 @@ def installed():
         optimizer_post_hooks=len(optim_module._global_optimizer_post_hooks),
         has_any_global_hook=nn_module._has_any_global_hook,
         has_torch_function=torch.overrides.has_torch_function,
-        recorder=getattr(recorder_module.thread_state, "recorder", None),
+        recorder=getattr(capture_state.thread_state, "recorder", None),
     )
 
 

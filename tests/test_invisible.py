@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import jupyter_autograd as ja
-from jupyter_autograd.capture import recorder as recorder_module
+from jupyter_autograd.capture import folding, mode, patches, tensors, warning_lines
+from jupyter_autograd.capture import state as capture_state
 
 HERE = __file__
 
@@ -44,8 +45,8 @@ def _global_state():
         forward_hooks_always_called=len(nn_module._global_forward_hooks_always_called),
         has_any_global_hook=nn_module._has_any_global_hook,
         has_torch_function=torch.overrides.has_torch_function,
-        recorder=getattr(recorder_module.thread_state, "recorder", None),
-        hook_users=recorder_module._hook_users[0],
+        recorder=getattr(capture_state.thread_state, "recorder", None),
+        hook_users=patches.hook_users[0],
         warning_filters=warnings.filters,
         showwarnmsg=warnings._showwarnmsg,
         sigint=signal.getsignal(signal.SIGINT),
@@ -174,8 +175,8 @@ def test_an_exception_caught_inside_the_block_shows_no_frame_of_ours():
 
 def test_an_interrupt_inside_the_tool_shows_no_frame_of_ours():
     """A SIGINT delivered on each line our hot path runs: the traceback is the user's only."""
-    record_lines = {recorder_module.Recorder._record.__code__, recorder_module.Recorder._register.__code__,
-                    recorder_module._tensors_in.__code__}
+    record_lines = {mode.Recorder.record.__code__, tensors.TensorTable.register.__code__,
+                    tensors.tensors_in.__code__}
     tried = 0
     for target in range(1, 60):
         seen = [0]
@@ -350,8 +351,8 @@ def _enter_exit_code():
             if hasattr(value, "__code__"):
                 codes.add(value.__code__)
     for fn in (lifecycle.take_off_stack, lifecycle.release, lifecycle.finish_interrupted_mode_stashes,
-               session.finish, recorder_module.install_hooks, recorder_module.remove_hooks,
-               recorder_module._remove_all_hooks, recorder_module._put_back_warnings, lifecycle.start,
+               session.finish, patches.install_hooks, patches.remove_hooks,
+               patches.remove_all_hooks, warning_lines.put_back, lifecycle.start,
                lifecycle.heal_thread, lifecycle._hold_headroom, lifecycle._release_headroom, lifecycle.watch_block,
                lifecycle.guard, lifecycle.unguard, lifecycle.ExitLookup.__get__):
         codes.add(fn.__code__)
@@ -626,11 +627,11 @@ def test_optimizer_steps_note_their_parameters():
     model = nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with ja.capture():
-        recorder = recorder_module.thread_state.recorder
+        recorder = capture_state.thread_state.recorder
         model(torch.ones(1, 3)).sum().backward()
         opt.step()
-    assert recorder.optimized == {recorder.known(model.weight), recorder.known(model.bias)}
-    assert None not in recorder.optimized
+    assert recorder.steps.optimized == {recorder.tensors.known(model.weight), recorder.tensors.known(model.bias)}
+    assert None not in recorder.steps.optimized
 
 
 def test_nested_captures_each_get_their_own_block():
@@ -811,11 +812,11 @@ def test_reads_of_gradients_are_hidden_from_dispatch_modes_and_subclasses(check_
 # -- long loops (item 8) ---------------------------------------------------------------------------
 
 def test_a_long_loop_folds_dead_ops_and_says_so():
-    fold = recorder_module._FOLD_EVERY
+    fold = folding.FOLD_EVERY
     x = torch.ones(3)
     w = torch.ones(3, requires_grad=True)
     with ja.capture() as trace:
-        recorder = recorder_module.thread_state.recorder
+        recorder = capture_state.thread_state.recorder
         first = x * 2
         for i in range(4 * fold):
             x = x * 1.0
@@ -823,7 +824,7 @@ def test_a_long_loop_folds_dead_ops_and_says_so():
                 x.add_(1)           # a write: kept
                 loss = (w * x).sum()  # made autograd nodes: kept
         last = x * 3
-    assert recorder.folded > fold
+    assert recorder.folding.count > fold
     ops = trace.ops
     assert len(ops) == 4 * fold + 5  # every op keeps its slot
     assert ops[0].outputs and ops[-1].outputs  # the first and the last are whole
@@ -831,7 +832,7 @@ def test_a_long_loop_folds_dead_ops_and_says_so():
     assert any("folded" in note for note in trace.notes)
     # Tensors that only folded ops made and used are left out of the trace; those that kept
     # records mention are all there, with their names.
-    assert len(trace.tensors) < len(ops) - recorder.folded + 10
+    assert len(trace.tensors) < len(ops) - recorder.folding.count + 10
     mentioned = {t for op in ops for t in op.inputs + op.outputs}
     assert mentioned <= set(trace.tensors)
     assert {trace.tensors[t].name for t in ops[-1].outputs} == {"last"}
@@ -861,11 +862,11 @@ _TRAINING_WINDOW = 512
 
 @pytest.mark.parametrize("retain", [False, True])
 def test_a_long_training_loop_folds_only_graphs_backward_has_freed(retain, monkeypatch):
-    monkeypatch.setattr(recorder_module, "_FOLD_EVERY", _TRAINING_WINDOW)
+    monkeypatch.setattr(folding, "FOLD_EVERY", _TRAINING_WINDOW)
     steps = _TRAINING_WINDOW
     plain = _train(steps, retain)
     with ja.capture(namespace={}) as trace:
-        recorder = recorder_module.thread_state.recorder
+        recorder = capture_state.thread_state.recorder
         captured = _train(steps, retain)
     assert _same(plain, captured)
     with_nodes = [op for op in trace.ops if op.node is not None and not op.is_backward]
@@ -873,7 +874,7 @@ def test_a_long_training_loop_folds_only_graphs_backward_has_freed(retain, monke
     if retain:  # a kept graph may be run again: nothing that made it is folded
         assert folded_with_nodes == []
     else:
-        assert len(folded_with_nodes) > len(with_nodes) // 3 and recorder.folded >= len(folded_with_nodes)
+        assert len(folded_with_nodes) > len(with_nodes) // 3 and recorder.folding.count >= len(folded_with_nodes)
         assert all(op.location is not None for op in folded_with_nodes)
     assert trace.diagnoses == [] and trace.warnings == []
     linears = [op for op in trace.ops if op.name == "F.linear"]
@@ -886,16 +887,16 @@ def test_a_long_training_loop_keeps_the_backward_calls_that_matter(planted, monk
     """Backward calls that found nothing lose their saved-tensor slots; the first one, the
     latest ones and one whose saved bytes were written (a silent .data write in the middle of
     the loop, long folded) keep theirs, and the write is still diagnosed at its line."""
-    monkeypatch.setattr(recorder_module, "_FOLD_EVERY", _TRAINING_WINDOW)
+    monkeypatch.setattr(folding, "FOLD_EVERY", _TRAINING_WINDOW)
     steps = 4 * _TRAINING_WINDOW // 3
     planted_at = steps // 2 if planted else -1
     with ja.capture(namespace={}) as trace:
-        recorder = recorder_module.thread_state.recorder
+        recorder = capture_state.thread_state.recorder
         trained = _train(steps, False, planted_at)
     backward = [cp for cp in trace.checkpoints if cp.kind == "backward"]
     assert len(backward) == steps
     emptied = [i for i, cp in enumerate(backward) if not cp.slots]
-    assert recorder.folded_backwards == len(emptied) > steps // 3
+    assert recorder.folding.backwards == len(emptied) > steps // 3
     assert 0 not in emptied and steps - 1 not in emptied  # the first and the latest stay whole
     assert any("backward calls that found nothing" in note for note in trace.notes)
     assert trace.warnings == []
@@ -916,21 +917,21 @@ def test_folding_keeps_little_per_step_and_changes_nothing_the_trace_says(monkey
     backward runs that does not grow with the loop. The trace says the same about every op and
     tensor as without folding."""
     steps = 3 * _TRAINING_WINDOW
-    monkeypatch.setattr(recorder_module, "_FOLD_EVERY", 1 << 40)  # nothing is folded
+    monkeypatch.setattr(folding, "FOLD_EVERY", 1 << 40)  # nothing is folded
     with ja.capture(namespace={}) as whole:
         _train(steps, False)
-    monkeypatch.setattr(recorder_module, "_FOLD_EVERY", _TRAINING_WINDOW)
+    monkeypatch.setattr(folding, "FOLD_EVERY", _TRAINING_WINDOW)
     with ja.capture(namespace={}) as trace:
-        recorder = recorder_module.thread_state.recorder
+        recorder = capture_state.thread_state.recorder
         _train(steps, False)
-        folded_ops = [rec for rec in recorder.ops[:recorder.folded_upto] if not rec[3] and not rec[6]
-                      and rec[0] >= len(recorder_module._KEPT_FUNCS)]
-        live_tids = sum(ref() is not None for ref in recorder.refs)
-        tid_map, rows = len(recorder.tid_of), {id(row) for row in recorder.tensor_meta}
-        leaf_runs = [len(e[3]) for key, e in recorder.graph_nodes.items() if key < 0]
-    assert recorder.folded > steps and whole.notes == []
+        folded_ops = [rec for rec in recorder.ops[:recorder.folding.upto] if not rec[3] and not rec[6]
+                      and rec[0] >= len(folding.KEPT_FUNCS)]
+        live_tids = sum(ref() is not None for ref in recorder.tensors.refs)
+        tid_map, rows = len(recorder.tensors.tid_of), {id(row) for row in recorder.tensors.meta}
+        leaf_runs = [len(e[3]) for key, e in recorder.graph.nodes.items() if key < 0]
+    assert recorder.folding.count > steps and whole.notes == []
     assert len({id(rec) for rec in folded_ops}) <= 8  # one per (function, line): the loop has six
-    assert len(rows) < len(recorder.tensor_meta) // 4
+    assert len(rows) < len(recorder.tensors.meta) // 4
     assert tid_map <= live_tids + 2 * 7 * _TRAINING_WINDOW  # at most the two windows not yet folded
     assert leaf_runs and max(leaf_runs) < steps // 2
     assert len(trace.ops) == len(whole.ops)
@@ -951,11 +952,11 @@ def test_a_dropped_node_met_again_by_a_later_backward():
     gone, its graph freed) is dropped from the recorder, keeping only which backward ran it. It
     is the only node with saved tensors (an addition saves none): without that record, its empty
     slots would read as never saved, and nothing would be predicted."""
-    fold = recorder_module._FOLD_EVERY
+    fold = folding.FOLD_EVERY
     w = torch.ones(3, requires_grad=True)
     x = torch.ones(3)
     with ja.capture(namespace={}) as trace:
-        recorder = recorder_module.thread_state.recorder
+        recorder = capture_state.thread_state.recorder
         (w * 2).sum().backward()  # the first backward of a block is always kept whole
         for _ in range(2 * fold):
             x = x * 1.0
@@ -965,7 +966,7 @@ def test_a_dropped_node_met_again_by_a_later_backward():
         carried.sum().backward()
         for _ in range(4 * fold):
             x = x * 1.0
-        dropped = list(recorder.folded_nodes)
+        dropped = list(recorder.folding.nodes)
         with pytest.raises(RuntimeError, match="backward through the graph a second time"):
             carried.sum().backward()  # SECOND
     assert dropped, "the node of h was not dropped: this test no longer covers the lookup"
@@ -976,11 +977,11 @@ def test_a_dropped_node_met_again_by_a_later_backward():
 def test_a_folded_node_met_again_by_a_later_backward():
     """A graph carried past many folded windows: its nodes were compacted after the first
     backward freed them; the second backward through them is still predicted as graph-freed."""
-    fold = recorder_module._FOLD_EVERY
+    fold = folding.FOLD_EVERY
     w = torch.ones(3, requires_grad=True)
     x = torch.ones(3)
     with ja.capture(namespace={}) as trace:
-        recorder = recorder_module.thread_state.recorder
+        recorder = capture_state.thread_state.recorder
         h = w * w
         carried = h * 3
         del h
@@ -989,7 +990,7 @@ def test_a_folded_node_met_again_by_a_later_backward():
             x = x * 1.0
         with pytest.raises(RuntimeError, match="backward through the graph a second time"):
             carried.sum().backward()  # SECOND
-    assert recorder.folded > fold
+    assert recorder.folding.count > fold
     assert [d.kind for d in trace.diagnoses] == ["graph-freed"]
     assert trace.warnings == []
 
@@ -1003,7 +1004,7 @@ def test_op_records_and_graph_nodes_leave_the_cyclic_gc_alone():
     x = torch.ones(3)
     w = torch.ones(3, requires_grad=True)
     with ja.capture(namespace={}):
-        recorder = recorder_module.thread_state.recorder
+        recorder = capture_state.thread_state.recorder
         for _ in range(50):
             x = x * 1.0
         (w * x).sum().backward()
@@ -1011,7 +1012,7 @@ def test_op_records_and_graph_nodes_leave_the_cyclic_gc_alone():
         for _ in range(4):  # a pass may untrack one level of nested tuples (a write record has four)
             gc.collect()
         tracked = [rec for rec in recorder.ops if gc.is_tracked(rec)]
-        metas = [meta for meta in recorder.tensor_meta if gc.is_tracked(meta)]
-        nodes = [e for key, e in recorder.graph_nodes.items() if key >= 0 and gc.is_tracked(e)]
+        metas = [meta for meta in recorder.tensors.meta if gc.is_tracked(meta)]
+        nodes = [e for key, e in recorder.graph.nodes.items() if key >= 0 and gc.is_tracked(e)]
     assert len(recorder.ops) > 50 and tracked == [] and metas == []
-    assert len(recorder.graph_nodes) >= 2 and nodes == []  # a leaf's entry is a list, the others tuples
+    assert len(recorder.graph.nodes) >= 2 and nodes == []  # a leaf's entry is a list, the others tuples

@@ -17,7 +17,7 @@ def torch_state():
 
 
 def test_an_interrupt_in_the_tools_code_ends_at_the_users_line(shell, monkeypatch):
-    from jupyter_autograd.capture.recorder import Recorder
+    from jupyter_autograd.capture.mode import Recorder
 
     def interrupted(*args, **kwargs):  # as if SIGINT arrived while the tool records an op
         raise KeyboardInterrupt
@@ -25,7 +25,7 @@ def test_an_interrupt_in_the_tools_code_ends_at_the_users_line(shell, monkeypatc
     before = torch_state()
     plain = Run(shell, PLAIN_FIRST_LINE + "\nimport torch\nraise KeyboardInterrupt\nafter = True\n",
                 PLAIN_FIRST_LINE)
-    monkeypatch.setattr(Recorder, "_record", interrupted)
+    monkeypatch.setattr(Recorder, "record", interrupted)
     magic = Run(shell, "%%autograd -q\nimport torch\nx = torch.ones(2) * 2\nafter = True\n", "%%autograd -q")
     assert isinstance(magic.result.error_in_exec, KeyboardInterrupt) and not magic.result.success
     assert magic.frames == plain.frames == ["Cell In[N], line 3"]

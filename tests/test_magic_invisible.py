@@ -292,9 +292,9 @@ def test_nan_flag_passes_check_nan_to_the_capture(shell, monkeypatch):
     seen = []
 
     class Spy(magic.capture):
-        def __init__(self, namespace=None, check_nan=False):
+        def __init__(self, namespace=None, check_nan=False, **options):
             seen.append((namespace, check_nan))
-            super().__init__(namespace=namespace, check_nan=check_nan)
+            super().__init__(namespace=namespace, check_nan=check_nan, **options)
 
     monkeypatch.setattr(magic, "capture", Spy)
     body = "import torch\nx = torch.zeros(1, requires_grad=True)\ny = x.sqrt()\ny.sum().backward()\nx.grad\n"

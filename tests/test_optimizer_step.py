@@ -1,5 +1,5 @@
 """A torch.optim step is recorded as one op at the user's `opt.step()` line, with every parameter
-and state tensor it wrote (recorder.begin_step): what it changes is what the diagnosis needs,
+and state tensor it wrote (capture/steps.py): what it changes is what the diagnosis needs,
 and its own calls (ten per parameter for Adam) were most of what capture cost per training step.
 Steps that can do more than write their parameters are still recorded call by call."""
 from __future__ import annotations
@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import jupyter_autograd as ja
-from jupyter_autograd.capture import recorder as recorder_module
+from jupyter_autograd.capture import mode, steps
+from jupyter_autograd.capture import state as capture_state
 
 
 def _model():
@@ -100,13 +101,13 @@ def test_a_step_that_raises_leaves_recording_on():
     opt = torch.optim.Adam(emb.parameters())
     emb(torch.tensor([1, 2])).sum().backward()
     with ja.capture(namespace={}) as trace:
-        recorder = recorder_module.thread_state.recorder
+        recorder = capture_state.thread_state.recorder
         try:
             opt.step()  # Adam refuses sparse gradients, from inside its step
         except RuntimeError as exc:
             assert "sparse" in str(exc)
         _an_inplace_bug()
-    assert recorder.off is not None  # inert after the block, as always
+    assert recorder.has_ended()  # inert after the block, as always
     assert [op.name for op in _step_ops(trace)] == ["Adam.step"]
     assert [(d.kind, d.source) for d in trace.diagnoses] == [("saved-tensor-modified", "y.add_(1)")]
     assert trace.warnings == []
@@ -203,13 +204,13 @@ def test_a_step_inside_another_ends_only_its_own():
 
 def _calls_reaching_the_mode(monkeypatch):
     calls = []
-    original = recorder_module.Recorder.__torch_function__
+    original = mode.Recorder.__torch_function__
 
     def counting(self, func, types, args=(), kwargs=None):
         calls.append(func)
         return original(self, func, types, args, kwargs)
 
-    monkeypatch.setattr(recorder_module.Recorder, "__torch_function__", counting)
+    monkeypatch.setattr(mode.Recorder, "__torch_function__", counting)
     return calls
 
 
@@ -231,7 +232,7 @@ def test_a_step_runs_with_our_mode_off_the_stack(monkeypatch):
         after = torch._C._len_torch_function_stack()
         (model(x) * 2).sum()  # recorded again
     # Only the profiler scope that torch opens around the step, before its pre-hook and after its post-hook.
-    assert during == [recorder_module._PROFILER_ENTER, recorder_module._PROFILER_EXIT]
+    assert during == [steps.PROFILER_ENTER, steps.PROFILER_EXIT]
     assert seen_in_step == [depth - 1] and after == depth
     [step] = _step_ops(trace)
     # The parameters: its first step makes the momentum buffers rather than writing them.
@@ -300,7 +301,7 @@ def test_a_failed_step_missed_by_its_scope_is_met_at_the_next_module_call(monkey
     """Should the step's profiler scope not be recognised (another torch's name for it), the
     next module call finds the step still open: our mode goes back there, and the trace says
     that the calls in between were not recorded."""
-    monkeypatch.setattr(recorder_module, "_STEP_SCOPE", "no such scope")
+    monkeypatch.setattr(steps, "STEP_SCOPE", "no such scope")
     emb = nn.Embedding(10, 3, sparse=True)
     opt = torch.optim.Adam(emb.parameters())
     emb(torch.tensor([1, 2])).sum().backward()
@@ -326,9 +327,9 @@ def test_an_interrupt_at_any_call_in_the_steps_hooks_leaves_nothing():
     torch's hooks or in its torch-function state."""
     from tests.test_invisible import _interrupt_at_each_point
 
-    codes = {fn.__code__ for fn in (recorder_module._before_optimizer_step, recorder_module._after_optimizer_step,
-                                    recorder_module._leaving_profiler_scope, recorder_module.Recorder.begin_step,
-                                    recorder_module.Recorder.end_step)}
+    codes = {fn.__code__ for fn in (steps.before_optimizer_step, steps.after_optimizer_step,
+                                    steps.leaving_profiler_scope, steps.OptimizerSteps.note_parameters,
+                                    steps.OptimizerSteps.begin, steps.OptimizerSteps.end, mode.Recorder.add_op)}
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(16, 4), torch.randn(16, 1)

@@ -3,8 +3,10 @@ the analysis that fail, user methods the tool must not call, nested tensors, deb
 models. Each test runs the real thing (processes, threads, signals, pdb, FSDP on two processes)
 and checks what the user can observe."""
 import os
+import pathlib
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -14,9 +16,12 @@ import torch
 from torch import nn
 
 import jupyter_autograd as ja
-from jupyter_autograd.capture import recorder as recorder_module
+from jupyter_autograd.capture import patches, steps, switches
+from jupyter_autograd.capture import state as capture_state
 
 from .test_invisible import _check_nothing_left, _global_state
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 HERE = os.path.abspath(__file__)
 
@@ -57,19 +62,19 @@ def _inherited():
     from torch.nn.modules import module as nn_module
     from torch.optim import optimizer as optim_module
 
-    ours = set(recorder_module._HOOK_KEYS)
+    ours = set(patches.hook_keys())
     tables = (nn_module._global_forward_pre_hooks, nn_module._global_forward_hooks,
               nn_module._global_forward_hooks_always_called, optim_module._global_optimizer_pre_hooks,
               optim_module._global_optimizer_post_hooks)
     return dict(
         modes=torch._C._len_torch_function_stack(),
-        recorder=getattr(recorder_module.thread_state, "recorder", None) is not None,
+        recorder=getattr(capture_state.thread_state, "recorder", None) is not None,
         hooks=sum(key in ours for table in tables for key in table),
-        hook_users=recorder_module._hook_users[0],
-        apply=torch.autograd.function.Function.__dict__["apply"] is not recorder_module._original_apply,
+        hook_users=patches.hook_users[0],
+        apply=torch.autograd.function.Function.__dict__["apply"] is not switches.original_apply,
         profiler_scope=torch.autograd.profiler.record_function.__dict__["__exit__"]
-        is not recorder_module._original_scope_exit,
-        has_torch_function=torch.overrides.has_torch_function is not recorder_module._original_has_torch_function,
+        is not steps.original_scope_exit,
+        has_torch_function=torch.overrides.has_torch_function is not patches.original_has_torch_function,
         debuggers=bdb.Bdb.stop_here is not debuggers._original_stop_here,
         recursion_limit=sys.getrecursionlimit(),
     )
@@ -184,7 +189,7 @@ def test_a_block_left_in_another_thread_leaves_the_entering_thread_as_it_was():
     assert _process_state() == {k: v for k, v in before.items() if k in _process_state()}
     assert [op.name for op in trace.ops][:3] == ["torch.ones", "Tensor.mul", "Tensor.sum"]
     torch.ones(2) + 1  # this thread's next torch call takes back what only this thread can
-    assert getattr(recorder_module.thread_state, "recorder", None) is None
+    assert getattr(capture_state.thread_state, "recorder", None) is None
     # The thread's next capture records (a real bug is found), and leaves nothing behind.
     assert _records_a_real_bug() == ["saved-tensor-modified"]
     _check_nothing_left(before)
@@ -226,7 +231,7 @@ def test_overlapping_blocks_in_two_threads_put_the_recursion_limit_back():
     for t in threads:
         t.join()
     assert sys.getrecursionlimit() == limit
-    assert recorder_module._hook_users[0] == 0
+    assert patches.hook_users[0] == 0
 
 
 def test_a_trace_read_from_two_threads_at_once_is_built_once(monkeypatch):
@@ -312,7 +317,7 @@ def test_an_interrupt_on_the_first_instruction_of_exit_heals_at_the_next_torch_c
     assert recorder is not None  # nothing of the exit ran
     torch.ones(2) * 3
     assert _process_state() == {k: v for k, v in before.items() if k in _process_state()}
-    assert getattr(recorder_module.thread_state, "recorder", None) is None
+    assert getattr(capture_state.thread_state, "recorder", None) is None
     ops = len(recorder.ops)
     torch.ones(2) * 3
     assert len(recorder.ops) == ops  # nothing more is recorded
@@ -390,6 +395,49 @@ def test_random_interrupts_with_their_tracebacks_kept_leave_nothing_after_the_ne
     assert interrupts > 50
 
 
+_FREED_WHILE_STARTING = """
+import gc, sys, torch
+import jupyter_autograd as ja
+from jupyter_autograd.capture import lifecycle
+
+# A block whose exit never ran (an interrupt's traceback dropped), with its capture object in a cycle:
+# only a collection frees it, and its weak reference's callback takes the block back.
+left = ja.capture()
+left.__enter__()
+left.cycle = left
+del left
+torch._C._pop_torch_function_stack()  # as the next capture of the thread would find it: off the stack
+(getattr(lifecycle, "thread_state", None) or getattr(lifecycle, "_state")).recorder = None
+real = lifecycle.install_hooks
+
+def collecting():  # the collection comes while the next block installs its hooks, under the lock
+    gc.collect()
+    return real()
+
+lifecycle.install_hooks = collecting
+with ja.capture() as trace:
+    (torch.ones(2, requires_grad=True) * 2).sum().backward()
+lifecycle.install_hooks = real
+users = getattr(lifecycle, "hook_users", None) or getattr(lifecycle, "_hook_users")
+print("ended", len(trace.ops), users[0], torch._C._len_torch_function_stack())
+"""
+
+
+def test_a_block_freed_by_a_collection_while_another_starts_is_taken_back_without_waiting_for_itself(tmp_path):
+    """The weak reference that takes back a block whose exit never ran fires whenever a collection
+    frees its capture object: also inside the locked part of another block's start. It must not
+    wait for the lock its own thread holds (a deadlock, seen once in a full run of the suite)."""
+    script = tmp_path / "freed.py"
+    script.write_text(_FREED_WHILE_STARTING)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    try:
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process waited for itself (deadlock)")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["ended", "4", "0", "0"], proc.stdout + proc.stderr[-2000:]
+
+
 # -- parts of the analysis that fail (items 4 and 6) -------------------------------------------------
 
 class _Net(nn.Module):
@@ -429,12 +477,12 @@ _PARTS = [
     # Without the walk (or the rule) that would have named the stale saved tensor, the error backward
     # raised still gets the floor's diagnosis: never silence.
     ("graph", "_walk", "the graph walk before the backward at %s" % HERE, ["leaf-inplace", "backward-error"]),
-    ("recorder", "Recorder.argument_tids", "reading the arguments of the call of _Net",
+    ("tensors", "TensorTable.argument_tids", "reading the arguments of the call of _Net",
      ["leaf-inplace", "saved-tensor-modified"]),
-    ("recorder", "byte_range", "reading the memory range of a write at %s" % HERE,
+    ("mode", "byte_range", "reading the memory range of a write at %s" % HERE,
      ["leaf-inplace", "saved-tensor-modified"]),
     ("build", "end_checkpoint", "the graph walk at the end of the block", ["leaf-inplace", "saved-tensor-modified"]),
-    ("build", "_namespace_names", "reading the variable names of the block",
+    ("freeze", "_namespace_names", "reading the variable names of the block",
      ["leaf-inplace", "saved-tensor-modified"]),
     ("build", "_locations", "reading the source lines of the ops", ["leaf-inplace", "saved-tensor-modified"]),
     ("build", "_calls", "linking the calls of your modules", ["leaf-inplace", "saved-tensor-modified"]),
@@ -449,10 +497,11 @@ _PARTS = [
 @pytest.mark.parametrize("where,name,warning,kept", _PARTS, ids=[p[1] for p in _PARTS])
 def test_a_part_of_the_analysis_that_fails_loses_only_its_own_share_and_says_so(monkeypatch, where, name,
                                                                               warning, kept):
-    from jupyter_autograd.capture import build, graph
+    from jupyter_autograd.capture import build, freeze, graph, mode, tensors
     from jupyter_autograd.diagnose import flow, inplace
 
-    module = {"graph": graph, "recorder": recorder_module, "build": build, "inplace": inplace, "flow": flow}[where]
+    module = {"graph": graph, "tensors": tensors, "mode": mode, "build": build, "freeze": freeze, "inplace": inplace,
+              "flow": flow}[where]
     torch.manual_seed(0)
     plain = _two_problems()
     monkeypatch.setattr(module, name, _boom) if "." not in name else monkeypatch.setattr(

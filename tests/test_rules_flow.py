@@ -20,7 +20,8 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 import jupyter_autograd as ja
-from jupyter_autograd.capture import recorder as recorder_module
+from jupyter_autograd.capture import folding
+from jupyter_autograd.capture import state as capture_state
 
 
 def _line_of(function, marker="# CULPRIT"):
@@ -761,12 +762,12 @@ def _long(steps, keep):
 
 @pytest.mark.parametrize("keep", ["sum", "list", "number"])
 def test_a_folded_training_loop(keep, monkeypatch):
-    monkeypatch.setattr(recorder_module, "_FOLD_EVERY", _WINDOW)
+    monkeypatch.setattr(folding, "FOLD_EVERY", _WINDOW)
     train = _long(500, keep)
     with ja.capture() as trace:
-        recorder = recorder_module.thread_state.recorder
+        recorder = capture_state.thread_state.recorder
         train()
-    assert recorder.folded > 100 and trace.warnings == []
+    assert recorder.folding.count > 100 and trace.warnings == []
     if keep == "number":
         assert trace.diagnoses == []
         return
@@ -1164,7 +1165,7 @@ def test_a_view_under_a_name_of_its_own_leaves_the_leaf_its_name():
 
 
 def test_missing_grad_in_a_folded_training_loop(monkeypatch):
-    monkeypatch.setattr(recorder_module, "_FOLD_EVERY", _WINDOW)
+    monkeypatch.setattr(folding, "FOLD_EVERY", _WINDOW)
 
     def train(steps):
         torch.manual_seed(0)
@@ -1180,9 +1181,9 @@ def test_missing_grad_in_a_folded_training_loop(monkeypatch):
         return policy
 
     with ja.capture() as trace:
-        recorder = recorder_module.thread_state.recorder
+        recorder = capture_state.thread_state.recorder
         policy = train(400)
-    assert recorder.folded > 100 and policy.weight.grad is None
+    assert recorder.folding.count > 100 and policy.weight.grad is None
     [d] = trace.diagnoses
     assert (d.kind, d.line, d.tensor) == ("missing-grad", _line_of(train), "policy.weight")
 

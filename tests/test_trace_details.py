@@ -84,7 +84,7 @@ def test_the_op_that_made_each_node_is_the_one_op_of_seq_finds():
     import importlib
 
     build = importlib.import_module("jupyter_autograd.capture.build")
-    recorder_module = importlib.import_module("jupyter_autograd.capture.recorder")
+    capture_state = importlib.import_module("jupyter_autograd.capture.state")
 
     class Double(torch.autograd.Function):
         @staticmethod
@@ -98,12 +98,12 @@ def test_the_op_that_made_each_node_is_the_one_op_of_seq_finds():
     for custom in (False, True):
         w = torch.ones(3, requires_grad=True)
         with ja.capture(namespace={}):
-            recorder = recorder_module.thread_state.recorder
+            recorder = capture_state.thread_state.recorder
             h = w
             for _ in range(20):
                 h = (Double.apply(h) if custom else h * 2).tanh() + 1
             h.sum().backward()
-            expected = {k: recorder.op_of_seq(k) for k in recorder.graph_nodes if k >= 0}
+            expected = {k: recorder.node_ranges.op_of_seq(k) for k in recorder.graph.nodes if k >= 0}
             made = build._made_by(recorder)
         assert len(expected) > 40
         assert made == {k: v for k, v in expected.items() if v is not None}
@@ -113,15 +113,16 @@ def test_made_by_falls_back_to_bisecting_when_ranges_are_out_of_order():
     import importlib
 
     build = importlib.import_module("jupyter_autograd.capture.build")
-    recorder_module = importlib.import_module("jupyter_autograd.capture.recorder")
-    stub = recorder_module.Recorder.__new__(recorder_module.Recorder)
+    mode = importlib.import_module("jupyter_autograd.capture.mode")
+    records = importlib.import_module("jupyter_autograd.capture.records")
+    stub = mode.Recorder()
     rows = [(4, 6, 1), (2, 8, 2), (9, 10, 3)]  # an outer call recorded after an inner one
-    stub.node_ranges = recorder_module.NodeRanges(rows)
-    stub.graph_nodes = {k: None for k in (-1, 2, 3, 4, 5, 7, 9, 11)}
+    stub.node_ranges = records.NodeRanges(rows)
+    stub.graph.nodes = {k: None for k in (-1, 2, 3, 4, 5, 7, 9, 11)}
     assert not stub.node_ranges.in_order()
-    assert build._made_by(stub) == {k: v for k in stub.graph_nodes if k >= 0
-                                    if (v := stub.op_of_seq(k)) is not None}
-    stub.node_ranges = recorder_module.NodeRanges(sorted(rows))
+    assert build._made_by(stub) == {k: v for k in stub.graph.nodes if k >= 0
+                                    if (v := stub.node_ranges.op_of_seq(k)) is not None}
+    stub.node_ranges = records.NodeRanges(sorted(rows))
     assert stub.node_ranges.in_order()
-    assert build._made_by(stub) == {k: v for k in stub.graph_nodes if k >= 0
-                                    if (v := stub.op_of_seq(k)) is not None}
+    assert build._made_by(stub) == {k: v for k in stub.graph.nodes if k >= 0
+                                    if (v := stub.node_ranges.op_of_seq(k)) is not None}

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import bdb
 import contextlib
-import os
 
 import torch.overrides
 
-_CAPTURE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+from .frames import OWN_FRAMES
+from .state import RecordingMode
+
 # Torch's stash of the mode around a call to it (handle_torch_function, for torch functions written
 # in Python): run only because a mode is on the stack, and made of contextlib's frames.
 _STASH = torch.overrides._pop_mode_temporarily.__wrapped__
@@ -25,7 +26,6 @@ _CONTEXT_MANAGER = {contextlib._GeneratorContextManager.__init__.__code__,
                     contextlib._GeneratorContextManager.__exit__.__code__,
                     contextlib.contextmanager(_STASH).__code__}  # the decorator's helper
 _DISPATCH = torch.overrides.handle_torch_function.__code__
-_RECORDER_MODULE = __name__.rpartition(".")[0] + ".recorder"
 _stack_length = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
 _original_stop_here = bdb.Bdb.stop_here
@@ -49,11 +49,11 @@ def _is_own(frame) -> bool:
     """Our code, and torch's dispatch of a call to our mode (handle_torch_function with our mode on
     top of the stack; with the user's subclasses it runs again inside our call, for them)."""
     code = frame.f_code
-    if code.co_filename.startswith(_CAPTURE_DIR) or code in _STASH_CODES:
+    if code.co_filename.startswith(OWN_FRAMES) or code in _STASH_CODES:
         return True
     if code is _DISPATCH:
         n = _stack_length()
-        return n > 0 and type(_stack_at(n - 1)).__module__ == _RECORDER_MODULE
+        return n > 0 and isinstance(_stack_at(n - 1), RecordingMode)
     return False
 
 
@@ -67,7 +67,7 @@ def _is_stash(frame) -> bool:
 
 def _is_the_users_call(tool_frame, code) -> bool:
     """Whether `code` runs the function that the tool's frame calls on the user's behalf (`func` in
-    Recorder.__torch_function__ and _backward_call, `bound` in _recording_apply)."""
+    the mode's __torch_function__ and BackwardCalls.call, `bound` in switches.recording_apply)."""
     values = tool_frame.f_locals
     for name in ("func", "bound"):
         function = values.get(name)

@@ -9,7 +9,6 @@ ends, while the modules it called are still held.
 """
 from __future__ import annotations
 
-import ast
 import functools
 import linecache
 import sys
@@ -17,6 +16,11 @@ import time
 import weakref
 
 import torch
+
+from ..model import DistributedModel
+from ..source.naming import construction
+from .frames import call_columns
+from .state import thread_state
 
 try:
     from torch.nn.parallel import DistributedDataParallel as _DDP
@@ -26,27 +30,33 @@ except ImportError:  # a build of torch without distributed support
 _original_init = _DDP.__dict__["__init__"] if _DDP is not None else None
 
 
+class DistributedModels:
+    """The DDPs built while the block records (their line, their reducer's parameters then)."""
+
+    __slots__ = ("built",)
+
+    def __init__(self):
+        self.built = {}  # id(ddp) -> (weak reference to it, (code, line, lasti) that built it or None, parameters)
+
+    def note_built(self, recorder, ddp, frame):
+        frame = recorder.lines.user_frame(frame)
+        self.built[id(ddp)] = (weakref.ref(ddp), None if frame is None else (frame.f_code, frame.f_lineno, frame.f_lasti),
+                               _reducer_parameters(recorder.tensors, ddp))
+
+
 def _noting_init(self, *args, **kwargs):
     """DistributedDataParallel.__init__ while a capture runs: the DDP is built as without us, then
     the user's line that built it is noted (it says which of the user's names is the wrapped
     module), with the reducer's parameters as they are now."""
     __tracebackhide__ = True  # noqa: F841
     _original_init(self, *args, **kwargs)
-    from .recorder import thread_state
-
     recorder = getattr(thread_state, "recorder", None)
-    if recorder is None or recorder.off is not None:
+    if recorder is None or not recorder.recording():
         return
     try:
-        frame = sys._getframe(1)
-        kinds = recorder.internal_code
-        while frame is not None and (kinds.get(id(frame.f_code)) or recorder._code_entry(frame))[1]:
-            frame = frame.f_back
-        built = recorder.__dict__.setdefault("ddp_built", {})
-        built[id(self)] = (weakref.ref(self), None if frame is None else (frame.f_code, frame.f_lineno, frame.f_lasti),
-                           _reducer_parameters(recorder, self))
+        recorder.distributed.note_built(recorder, self, sys._getframe(1))
     except Exception as exc:  # never let the tool break the user's call
-        recorder._fail(exc)
+        recorder.fail(exc)
 
 
 if _DDP is not None:  # its signature stays the original's (inspect.signature follows __wrapped__)
@@ -63,7 +73,7 @@ def remove():
         _DDP.__init__ = _original_init
 
 
-def _reducer_parameters(recorder, ddp):
+def _reducer_parameters(tensors, ddp):
     """((tid, name within the wrapped module), ...) of the parameters the reducer waits for, in its
     order: torch's DistributedDataParallel._build_params_for_reducer (modules in named_modules
     order, each one's own parameters that require grad and are not ignored, each parameter once)."""
@@ -75,7 +85,7 @@ def _reducer_parameters(recorder, ddp):
             if not p.requires_grad or "%s.%s" % (module_name, param_name) in ignored or id(p) in seen:
                 continue
             seen.add(id(p))
-            out.append((recorder._quiet_tid(p), "%s.%s" % (module_name, param_name) if module_name else param_name))
+            out.append((tensors.quiet_tid(p), "%s.%s" % (module_name, param_name) if module_name else param_name))
     return tuple(out)
 
 
@@ -107,13 +117,13 @@ def _own_parameters(module):
 
 
 def freeze(recorder, module_names, names):
-    """For each DDP called in the block, while its modules are still held: plain tuples on the
-    recorder (see models_of). Its parameters are renamed the way the user's code reaches them
+    """For each DDP called in the block, while its modules are still held: plain tuples (see
+    models_of). Its parameters are renamed the way the user's code reaches them
     (`model.aux_head.weight` rather than `ddp.module.aux_head.weight`) where the user's name for the
     wrapped module is known."""
     found = []
-    built = recorder.__dict__.get("ddp_built", {})
-    for module in list(recorder.modules.values()):
+    built, recorder.distributed.built = recorder.distributed.built, {}
+    for module in list(recorder.modules.modules.values()):
         if _DDP is None or not isinstance(module, _DDP):
             continue
         name = module_names.get(id(module)) or type(module).__name__
@@ -121,15 +131,14 @@ def freeze(recorder, module_names, names):
         if noted is not None and noted[0]() is not module:
             noted = None
         wrapped = _wrapped_name(module, name, module_names, noted[1] if noted else None)
-        parameters = noted[2] if noted else _reducer_parameters(recorder, module)
+        parameters = noted[2] if noted else _reducer_parameters(recorder.tensors, module)
         via_ddp = name + ".module."
         for tid, inside in parameters:
             if names.get(tid) is None or names[tid].startswith(via_ddp):
                 names[tid] = "%s.%s" % (wrapped, inside)
         found.append((name, wrapped, tuple(t for t, _ in parameters), tuple(n for _, n in parameters),
                       bool(getattr(module, "find_unused_parameters", False))))
-    recorder.ddp_built = {}
-    recorder.distributed = found
+    return found
 
 
 def before_release(modules) -> None:
@@ -145,12 +154,10 @@ def before_release(modules) -> None:
         time.sleep(0.05)
 
 
-def models_of(recorder):
-    from ..model import DistributedModel
-
+def models_of(found):
     return [DistributedModel(name=name, module=wrapped, parameters=tids, parameter_names=inside,
                              find_unused_parameters=unused)
-            for name, wrapped, tids, inside, unused in getattr(recorder, "distributed", ())]
+            for name, wrapped, tids, inside, unused in found]
 
 
 def _wrapped_name(ddp, name, module_names, built_at):
@@ -173,24 +180,4 @@ def _wrapped_name(ddp, name, module_names, built_at):
 def _construction(code, line, lasti):
     """(the dotted name passed as the module, the dotted name the line assigns to) of the call that
     built a DDP, read off its line; (None, None) when it cannot be read (a call over several lines)."""
-    from .build import _dotted, _without_comment
-    from .recorder import call_columns
-
-    columns = call_columns(code, line, lasti)
-    text = _without_comment(linecache.getline(code.co_filename, line))
-    if columns is None or not text.strip():
-        return None, None
-    indent = len(text.encode("utf-8")) - len(text.lstrip().encode("utf-8"))
-    try:
-        tree = ast.parse(text.strip())
-    except SyntaxError:
-        return None, None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and (node.col_offset + indent, node.end_col_offset + indent) == tuple(columns):
-            given = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "module"), None)
-            target = None
-            stmt = tree.body[0] if len(tree.body) == 1 else None
-            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and stmt.value is node:
-                target = _dotted(stmt.targets[0])
-            return (_dotted(given) if given is not None else None), target
-    return None, None
+    return construction(linecache.getline(code.co_filename, line), call_columns(code, line, lasti))

@@ -12,6 +12,9 @@ import re
 
 import torch
 
+from .records import OP_OUT
+from .tensors import META_ALIAS, META_BASE, META_SHAPE, byte_range, shape_of
+
 _STALE = re.compile(r"is at version (\d+); expected version (\d+) instead")
 _saved_names_by_type = {}
 
@@ -19,11 +22,38 @@ _saved_names_by_type = {}
 _ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
 
 
-def node_key(node, recorder):
+class GraphRecord:
+    """The nodes of the block's graphs as walks met them: key -> (name, input keys, leaf tid,
+    backward op indices that ran it, op index of the last checkpoint that saw it); and the
+    recorded tensors by data pointer, which finds the tensor behind a saved output (extended with
+    the tensors registered since its last use, so a long loop under one capture stays linear)."""
+
+    __slots__ = ("nodes", "pointer_index", "pointer_indexed")
+
+    def __init__(self):
+        self.nodes = {}
+        self.pointer_index = {}   # data pointer -> tids
+        self.pointer_indexed = 0  # tids below this are in pointer_index
+
+    def forget(self, first, end):
+        """Drop the nodes with keys in [first, end) (folding.py)."""
+        nodes = self.nodes
+        for key in range(first, end):
+            nodes.pop(key, None)  # an outer custom Function's range holds its inner ops' ranges
+
+    def shifted(self, start):
+        """As a capture nested in this block sees it: the nodes its checkpoints saw, op indices from `start`."""
+        part = GraphRecord()
+        part.nodes = {key: [e[0], e[1], e[2], [b - start for b in e[3] if b >= start], e[4] - start]
+                      for key, e in self.nodes.items() if e[4] >= start}
+        return part
+
+
+def node_key(node, tensors):
     """A stable integer for a node across snapshots: its sequence number, or for a leaf's
     AccumulateGrad (which has none) a negative number derived from the leaf's tid."""
     if type(node) is _ACCUMULATE_GRAD:
-        return -1 - recorder._tid(node.variable)
+        return -1 - tensors.tid(node.variable)
     return node._sequence_nr()
 
 
@@ -55,7 +85,9 @@ def saved_names(node):
 def take(recorder, roots, op_index, kind, inputs=(), retain=True):
     """The walk below, with the cyclic GC held off: it wraps thousands of nodes and saved tensors
     in Python objects, and the collections they set off cost more than the walk (a 6,000-node
-    chain: 50 ms of walk, 20 to 50 ms of collections). No code of the user's runs meanwhile."""
+    chain: 50 ms of walk, 20 to 50 ms of collections). No code of the user's runs meanwhile.
+    Returns (snapshot, the tids of the leaves a backward's walk reached, the nodes it held when
+    the recorder watches for NaN, else ())."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -66,25 +98,24 @@ def take(recorder, roots, op_index, kind, inputs=(), retain=True):
 
 
 def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
-    """Walk the graph from root tensors (or nodes); return (op_index, kind, root keys, slots,
-    input keys, retain).
+    """Walk the graph from root tensors (or nodes); return ((op_index, kind, root keys, slots,
+    input keys, retain), leaves, nodes) as take() says.
 
-    Node structure is merged into recorder.graph_nodes: key -> (name, input keys, leaf tid,
-    backward op indices that ran it, op index of the last checkpoint that saw it). Slots are tuples:
+    Node structure is merged into recorder.graph.nodes (GraphRecord). Slots are tuples:
     (node key, slot, tid, shape, dtype, saved_version, current_version, stale, freed, byte range,
     is_output, hooked). `inputs` are the tensors a backward call differentiates for (autograd.grad's
     inputs, backward's inputs=); `retain` says whether that call keeps the graph's buffers.
     """
-    nodes = recorder.graph_nodes
+    nodes, tensors = recorder.graph.nodes, recorder.tensors
     stack, root_keys, held = [], [], {}
     for r in roots:
         fn = r.grad_fn if isinstance(r, torch.Tensor) else r
         if fn is not None:
-            key = node_key(fn, recorder)
+            key = node_key(fn, tensors)
             stack.append((fn, key))
             root_keys.append(key)
     slots, leaves = [], []
-    by_pointer = _PointerIndex(recorder)
+    by_pointer = _PointerIndex(recorder.graph, tensors)
     backward = op_index if kind == "backward" else None
     last_write = recorder.last_write
     while stack:
@@ -97,11 +128,11 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
             continue  # walked before, and nothing was written since: the same subgraph, the same slots
         # Each child's key is computed once, here, and travels with it on the stack (a leaf's key
         # costs a tensor lookup).
-        children = [(c, None if c is None else node_key(c, recorder)) for c, _ in fn.next_functions]
+        children = [(c, None if c is None else node_key(c, tensors)) for c, _ in fn.next_functions]
         if entry is None:
-            variable = recorder._tid(fn.variable) if type(fn) is _ACCUMULATE_GRAD else None
+            variable = tensors.tid(fn.variable) if type(fn) is _ACCUMULATE_GRAD else None
             child_keys = tuple([k for _, k in children])
-            name, runs = _node_name(fn), recorder.folded_node_runs(key)
+            name, runs = _node_name(fn), recorder.folding.node_runs(key)
         else:
             name, child_keys, variable, runs = entry[0], entry[1], entry[2], entry[3]
         if backward is not None and (not runs or runs[-1] != backward):  # indices only grow
@@ -122,29 +153,27 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
                 stack.append(c)
         names = saved_names(fn)
         if names:
-            made_by = None if key < 0 else recorder.op_of_seq(key)
+            made_by = None if key < 0 else recorder.node_ranges.op_of_seq(key)
             # Only a write after the node was made can have changed what it saved.
             check = made_by is None or last_write > made_by
             # An empty slot is freed if a backward that did not retain the graph ran this node
             # before; otherwise it was never saved (its input needed no gradient).
-            ran_before = any(b < op_index and not recorder.retained.get(b, False) for b in entry[3])
+            retained = recorder.backward.retained
+            ran_before = any(b < op_index and not retained.get(b, False) for b in entry[3])
             for name, raw_attr, check_attr in names:
                 slots.extend(_slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check,
                                        ran_before))
     if len(held) > DEEP_GRAPH:
         _allow_deep_graph_deletion()
-    if backward is not None:
-        recorder.walked_leaves = leaves
-        if recorder.check_nan:
-            recorder.walked_nodes = list(held.values())
+    walked = list(held.values()) if backward is not None and recorder.check_nan else ()
     held.clear()
     input_keys = []
     for t in inputs:
         fn = t.grad_fn
-        tid = recorder._tid(t)
+        tid = tensors.tid(t)
         # A leaf's key is the one its AccumulateGrad node gets.
-        input_keys.append((tid, node_key(fn, recorder) if fn is not None else -1 - tid))
-    return (op_index, kind, root_keys, slots, input_keys, retain)
+        input_keys.append((tid, node_key(fn, tensors) if fn is not None else -1 - tid))
+    return (op_index, kind, root_keys, slots, input_keys, retain), leaves if backward is not None else (), walked
 
 
 DEEP_GRAPH = 20_000
@@ -194,13 +223,13 @@ def _slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check=T
             continue  # never saved: that input needed no gradient
         if stale is None:
             stale, versions = _check(fn, check_attr) if check else (False, None)
-        t_id = recorder.known(data)
+        t_id = recorder.tensors.known(data)
         is_output = t_id is None
         if is_output:
             # Saved outputs and views made inside a call (weight.t() in F.linear) come back as
             # new tensor objects: find the recorded tensor they alias.
             base = data._base
-            t_id = recorder.known(base) if base is not None else None
+            t_id = recorder.tensors.known(base) if base is not None else None
             if t_id is None:
                 t_id = _match_output(recorder, fn, data)
             if t_id is None:
@@ -228,92 +257,50 @@ def _check(fn, attr):
 
 
 class _PointerIndex:
-    """Recorded tensors by data pointer. Kept on the recorder and extended with the tensors
-    registered since the last use, so a long loop under one capture stays linear; entries of
+    """The recorded tensor a saved tensor's memory belongs to (GraphRecord.pointer_index); entries of
     dead tensors are dropped when met."""
 
-    def __init__(self, recorder):
-        self.recorder = recorder
-        if not hasattr(recorder, "pointer_index"):
-            recorder.pointer_index, recorder.pointer_indexed = {}, 0
+    def __init__(self, graph, tensors):
+        self.graph, self.tensors = graph, tensors
 
     def __call__(self, data):
-        rec = self.recorder
-        index = rec.pointer_index
-        for t_id in range(rec.pointer_indexed, len(rec.refs)):
-            t = rec.refs[t_id]()
+        graph, refs = self.graph, self.tensors.refs
+        index = graph.pointer_index
+        for t_id in range(graph.pointer_indexed, len(refs)):
+            t = refs[t_id]()
             if t is not None:
                 try:
                     index.setdefault(t.data_ptr(), []).append(t_id)
                 except Exception:
                     continue
-        rec.pointer_indexed = len(rec.refs)
+        graph.pointer_indexed = len(refs)
         try:
             ptr = data.data_ptr()
         except Exception:
             return None
         candidates = []
         for t_id in index.get(ptr, ()):
-            t = rec.refs[t_id]()
+            t = refs[t_id]()
             if t is not None and t.data_ptr() == ptr:
                 candidates.append(t_id)
         index[ptr] = candidates
-        metas = rec.tensor_meta
+        metas = self.tensors.meta
         # The original tensor rather than a `.data` alias or a view of it.
-        plain = [t for t in candidates if metas[t][7] is None and metas[t][6] is None]
+        plain = [t for t in candidates if metas[t][META_ALIAS] is None and metas[t][META_BASE] is None]
         return (plain or candidates or [None])[0]
 
 
 def _match_output(recorder, fn, data):
     """A saved output comes back as a new tensor object: find the recorded tensor it aliases."""
-    op_index = recorder.op_of_seq(fn._sequence_nr())
+    op_index = recorder.node_ranges.op_of_seq(fn._sequence_nr())
     ptr, shape = data.data_ptr(), shape_of(data)
-    candidates = recorder.ops[op_index][6] if op_index is not None else ()
+    candidates = recorder.ops[op_index][OP_OUT] if op_index is not None else ()
+    refs, metas = recorder.tensors.refs, recorder.tensors.meta
     for t_id in candidates:
-        t = recorder.refs[t_id]()
+        t = refs[t_id]()
         if t is not None and t.data_ptr() == ptr and shape_of(t) == shape:
             return t_id
     for t_id in candidates:
-        if tuple(recorder.tensor_meta[t_id][0]) == shape:
+        if tuple(metas[t_id][META_SHAPE]) == shape:
             return t_id
     return None
-
-
-def shape_of(t) -> tuple:
-    """A tensor's shape as a tuple, also for one without a shape as a whole (see shape_in_parts)."""
-    try:
-        return tuple(t.shape)
-    except Exception:
-        return shape_in_parts(t)
-
-
-def shape_in_parts(t) -> tuple:
-    """The shape of a tensor that has none as a whole: a strided nested tensor (a dimension whose
-    size differs between its components is "ragged"), or a lazy module's parameter before its
-    first call ("uninitialized")."""
-    try:
-        sizes = []
-        for dim in range(t.dim()):
-            try:
-                sizes.append(t.size(dim))
-            except RuntimeError:
-                sizes.append("ragged")
-        return tuple(sizes)
-    except Exception:
-        return ("uninitialized",)
-
-
-def byte_range(t):
-    """The bytes of memory a tensor spans (start, end): overlap finds writes through any alias."""
-    try:
-        start = t.data_ptr()
-        if start == 0 or t.device.type == "meta":
-            return None  # no real storage (meta tensors, empty allocations): nothing to overlap
-        if t.is_contiguous():
-            return (start, start + t.nbytes) if t.nbytes else None
-        if t.numel() == 0:
-            return None
-        extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
-        return (start, start + extent * t.element_size())
-    except Exception:  # sparse, meta or other layouts without plain memory
-        return None

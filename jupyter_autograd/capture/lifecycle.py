@@ -27,13 +27,13 @@ import functools
 import os
 import sys
 import threading
-import warnings
 import weakref
 
 import torch
 
-from .recorder import (_SHOW_ALL, BLOCK_ENDED, Recorder, _hook_users, _put_back_warnings, _remove_all_hooks,
-                       _show_at_user_line, thread_state, block_has_ended, install_hooks, remove_hooks)
+from . import warning_lines
+from .patches import hook_users, install_hooks, remove_all_hooks, remove_hooks
+from .state import RecordingMode, thread_state
 
 # Our frames between a call and the user's: __torch_function__, entered from C (which counts
 # twice), and for torch functions written in Python, handle_torch_function and the repeated call.
@@ -46,28 +46,40 @@ _stack_at = torch._C._get_function_stack_at
 _pop_stack = torch._C._pop_torch_function_stack
 _push_stack = torch._C._push_on_torch_function_stack
 
-_lock = threading.Lock()  # hook users and headroom users: blocks start and end in several threads
-_headroom = [0, None]     # blocks holding the headroom; the limit before the first of them raised it
-_running = {}             # id(recorder) -> recorder, for every block that holds process-wide parts
+class _SharedLock:
+    """The lock over what blocks share process-wide (hook users, headroom users: blocks start and end
+    in several threads), which knows the thread holding it: a collection inside a locked section can
+    run a weak reference's callback that takes a block back (_capture_freed), and that callback must
+    not wait for the lock its own thread holds. Callers hold interrupts while they hold it."""
 
-
-class Installation:
-    """What one block put in place, each part released once."""
-
-    __slots__ = ("thread", "pid", "on_thread", "hooks", "headroom")
+    __slots__ = ("_lock", "owner")
 
     def __init__(self):
-        self.thread = threading.get_ident()
-        self.pid = os.getpid()
-        self.on_thread = False  # its mode on the thread's stack, its recorder in the thread's state
-        self.hooks = False      # one of the users of the process-wide hooks
-        self.headroom = False   # one of the users of the recursion headroom
+        self._lock = threading.Lock()
+        self.owner = None
+
+    def __enter__(self):
+        self._lock.acquire()
+        self.owner = threading.get_ident()
+
+    def __exit__(self, exc_type, exc, tb):
+        self.owner = None
+        self._lock.release()
+
+    def held_here(self) -> bool:
+        return self.owner == threading.get_ident()
+
+
+_lock = _SharedLock()
+_freed_while_locked = []  # recorders of blocks whose capture a collection freed inside a locked section
+_headroom = [0, None]     # blocks holding the headroom; the limit before the first of them raised it
+_running = {}             # id(recorder) -> recorder, for every block that holds process-wide parts
 
 
 def start(recorder):
     """Install what recording needs, all or nothing: on failure, what was installed is taken back
     and the error raised. Callers hold interrupts."""
-    installation = recorder.installation = Installation()
+    installation = recorder.installation
     _running[id(recorder)] = recorder
     try:
         with _lock:
@@ -79,6 +91,7 @@ def start(recorder):
         with _lock:
             _hold_headroom()
             installation.headroom = True
+        _release_freed()
     except BaseException:
         try:
             release(recorder)
@@ -95,8 +108,7 @@ def release(recorder, inside_its_call=False):
 
     inside_its_call: called from the recorder's own __torch_function__, where torch has taken the
     mode off the stack and pushes it back after."""
-    if not block_has_ended(recorder):
-        recorder.off = BLOCK_ENDED
+    recorder.end()
     installation = recorder.installation
     failure = None
     if installation.on_thread and installation.thread == threading.get_ident() and installation.pid == os.getpid():
@@ -118,12 +130,23 @@ def release(recorder, inside_its_call=False):
         if installation.headroom:
             installation.headroom = False
             _release_headroom()
-        if _hook_users[0] == 0 and (warnings.filters is _SHOW_ALL or warnings._showwarnmsg is _show_at_user_line):
-            _put_back_warnings()  # a call of ours cut off mid-way, and no other block's call can be running
+        if hook_users[0] == 0 and warning_lines.routed():
+            warning_lines.put_back()  # a call of ours cut off mid-way, and no other block's call can be running
     if not (installation.hooks or installation.headroom):  # its mode, if still on a stack, is inert
         _running.pop(id(recorder), None)
+    _release_freed()
     if failure is not None:
         raise failure
+
+
+def _release_freed():
+    """Take back the blocks whose capture a collection freed while this thread held the lock."""
+    while _freed_while_locked and not _lock.held_here():
+        recorder = _freed_while_locked.pop()
+        try:
+            release(recorder)
+        except Exception:  # what could not be taken back stays inert (see heal_thread)
+            pass
 
 
 def heal(recorder):
@@ -150,7 +173,7 @@ def heal_thread():
 
 def _heal_thread():
     current = getattr(thread_state, "recorder", None)
-    if current is not None and block_has_ended(current):
+    if current is not None and current.has_ended():
         release(current)
         thread_state.recorder = None
     n = _stack_length()
@@ -158,7 +181,7 @@ def _heal_thread():
         return
     for i in range(n - 1, -1, -1):
         mode = _stack_at(i)
-        if isinstance(mode, Recorder) and block_has_ended(mode):
+        if isinstance(mode, RecordingMode) and mode.has_ended():
             installation = mode.installation
             if installation is not None and installation.on_thread and installation.thread == threading.get_ident():
                 release(mode)
@@ -239,14 +262,12 @@ def finish_interrupted_mode_stashes(exc):
 def watch_block(capture_object, recorder):
     """Mark `recorder`'s block as ended when the with statement drops the bound `__exit__` it looked
     up on entering (see `ExitLookup`): it does so when it calls it, whether or not an interrupt
-    lets any of its code run. The callback is setattr itself (C, no Python frame where an
-    interrupt could land and be lost): the recorder's `off` becomes the dead reference, which
-    means "the block has ended" (see recorder.block_has_ended)."""
+    lets any of its code run (Recorder.watch_exit)."""
     lookup = capture_object.__dict__.get("_exit_lookup")
     method = lookup() if lookup is not None else None
     if method is None:  # entered without a with statement (ExitStack, explicit calls): its caller exits it
         return
-    recorder.block_watch = weakref.ref(method, functools.partial(setattr, recorder, "off"))
+    recorder.watch_exit(method)
 
 
 class ExitLookup:
@@ -290,9 +311,13 @@ _left_behind = {}  # the weak reference to each capture whose block is running -
 
 def _capture_freed(net):
     recorder = _left_behind.pop(net, None)
-    if recorder is not None:
-        with InterruptsHeld():
-            release(recorder)
+    if recorder is None:
+        return
+    if _lock.held_here():  # a collection inside our own locked section: after that section
+        _freed_while_locked.append(recorder)
+        return
+    with InterruptsHeld():
+        release(recorder)
 
 
 # -- forked children ------------------------------------------------------------------------------
@@ -304,11 +329,11 @@ def _forget_in_child():
     headroom and warning routing are taken back. The parent's records are left as they are (they
     are the parent's pages, shared until written: freeing them here would copy them)."""
     global _lock
-    _lock = threading.Lock()  # another thread of the parent may have held it at the fork
+    _lock = _SharedLock()  # another thread of the parent may have held it at the fork
+    _freed_while_locked.clear()
     me = threading.get_ident()
     for recorder in list(_running.values()):
-        if not block_has_ended(recorder):
-            recorder.off = BLOCK_ENDED
+        recorder.end()
         installation = recorder.installation
         installation.pid = os.getpid()
         installation.hooks = installation.headroom = False
@@ -318,22 +343,22 @@ def _forget_in_child():
     try:
         for i in range(_stack_length() - 1, -1, -1):
             mode = _stack_at(i)
-            if isinstance(mode, Recorder):
+            if isinstance(mode, RecordingMode):
                 take_off_stack(mode)
                 mode.installation.on_thread = False
     except Exception:
         pass
     _running.clear()
     _left_behind.clear()
-    _hook_users[0] = 0
+    hook_users[0] = 0
     try:
-        _remove_all_hooks()
+        remove_all_hooks()
     except Exception:
         pass
     _headroom[0] = 1
     _release_headroom()
-    if warnings.filters is _SHOW_ALL or warnings._showwarnmsg is _show_at_user_line:
-        _put_back_warnings()
+    if warning_lines.routed():
+        warning_lines.put_back()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

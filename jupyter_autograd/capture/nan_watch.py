@@ -15,6 +15,8 @@ import math
 
 import torch
 
+from .graph import saved_names
+
 _ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
 _no_subclass_dispatch = torch._C.DisableTorchFunctionSubclass
 _Tensor = torch.Tensor
@@ -138,7 +140,8 @@ def _all_finite(tensors) -> bool:
 
 class NanWatch:
     """Post-hooks on the nodes of one backward call; the first node that makes a non-finite
-    gradient out of finite ones is stored in recorder.nan_origin.
+    gradient out of finite ones is stored in `origin`: (backward index, node key, node name, what its
+    saved inputs held).
 
     What one hook costs is what check_nan costs (thousands of nodes in a recurrent chain), so
     no hook reads much. Small CPU float gradients (up to _BATCHED_NUMEL elements) are kept and
@@ -151,8 +154,9 @@ class NanWatch:
     after they ran, the saved inputs that explain a NaN (FACT_NODES) are taken in the hook, as
     the node frees them once it ran."""
 
-    def __init__(self, recorder, backward_index):
-        self.recorder = recorder
+    def __init__(self, fail, backward_index):
+        self.fail = fail  # the recorder's: an internal error switches recording off
+        self.origin = None
         self.backward_index = backward_index
         self.handles = []
         self.deferred = []  # (node, [device flags: gradient not finite], saved values), in the order nodes ran
@@ -183,13 +187,13 @@ class NanWatch:
         try:
             _unseen(lambda: self._read_left(pending, deferred))
         except Exception as exc:  # the user's backward has returned: its result matters more
-            self.recorder._fail(exc)
+            self.fail(exc)
 
     def _read_left(self, pending, deferred):
-        if pending and self.recorder.nan_origin is None:
+        if pending and self.origin is None:
             self.pending = pending
             self._flush()
-        if deferred and self.recorder.nan_origin is None:
+        if deferred and self.origin is None:
             with _no_subclass_dispatch():
                 self._read_deferred(deferred)
 
@@ -200,11 +204,11 @@ class NanWatch:
                     return _unseen(lambda: check(grad_inputs))
                 return check(grad_inputs)
             except Exception as exc:  # never let the tool break the user's backward
-                self.recorder._fail(exc)
+                self.fail(exc)
                 return None
 
         def check(grad_inputs):
-            if self.recorder.nan_origin is not None:
+            if self.origin is not None:
                 return None
             if self.deferred:  # an earlier node's flags are unread: this one cannot be judged alone
                 with _no_subclass_dispatch():
@@ -260,14 +264,14 @@ class NanWatch:
             for fn, grads, saved in pending:
                 bad = sum(1 for g in grads if not bool(torch.isfinite(g).all()))
                 if bad:
-                    self.recorder.nan_origin = (self.backward_index, fn._sequence_nr(), _short_name(fn),
+                    self.origin = (self.backward_index, fn._sequence_nr(), _short_name(fn),
                                                 describe(saved, bad, fn))
                     return True
         return False
 
     def _found(self, fn, grad_inputs):
         with _no_subclass_dispatch():
-            self.recorder.nan_origin = (self.backward_index, fn._sequence_nr(), _short_name(fn),
+            self.origin = (self.backward_index, fn._sequence_nr(), _short_name(fn),
                                         describe_inputs(fn, grad_inputs))
 
     def _defer(self, fn, grad_inputs):
@@ -286,7 +290,7 @@ class NanWatch:
         for fn, flags, saved in deferred:
             bad = [next(read[flag.device]) for flag in flags]
             if any(bad):
-                self.recorder.nan_origin = (self.backward_index, fn._sequence_nr(), _short_name(fn),
+                self.origin = (self.backward_index, fn._sequence_nr(), _short_name(fn),
                                             describe(saved, bad.count(True), fn))
                 return
 
@@ -349,8 +353,6 @@ def describe_inputs(fn, grad_inputs):
 
 def saved_values(fn):
     """[(slot, the saved floating tensor, read as data)] while the node still holds them."""
-    from .graph import saved_names
-
     values = []
     for name, raw_attr, check_attr in saved_names(fn):
         try:

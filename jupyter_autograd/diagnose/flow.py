@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Set
 
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, starved_fix, where
 from ..model import FREEZE_SETTER, GRAD_MODE_SWITCHES, Checkpoint, Diagnosis, Location, OpRecord, TraceData
-from ..statements import parsed_sources
+from ..source.statements import parsed_sources
 from ..model.queries import (FunctionCalls, ancestors, at_caller, at_maker, engine_order, exit_before, first_use,
                     is_cut, is_exit, leading_to, made_from_values, node_at, reachable, scope_call, stops_after,
                     switch_left_on)

@@ -15,7 +15,7 @@ from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, also_changed, b
                      without_graph, writes_after)
 from ..model import DATA_SWAP, Checkpoint, Diagnosis, OpRecord, SavedSlot, TraceData
 from ..model.queries import ancestors, engine_order, leading_to, reachable
-from ..statements import parsed_sources
+from ..source.statements import parsed_sources
 from .stores import handed_loop_values, storing_line
 
 _LEAF_ERRORS = ("leaf Variable that requires grad is being used in an in-place operation",)

@@ -24,7 +24,7 @@ import ast
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from ..model import DATA_SWAP, FREEZE_SETTER, Diagnosis, OpRecord, TraceData
-from ..statements import Statements, dotted, element, same_op, written_tensor
+from ..source.statements import Statements, dotted, element, same_op, written_tensor
 
 # The recorded names (without `Tensor.`, `torch.`, underscores) an operator of the source runs as.
 _BINARY = {ast.Add: {"add"}, ast.Sub: {"sub", "rsub"}, ast.Mult: {"mul"}, ast.MatMult: {"matmul", "rmatmul"},

@@ -15,7 +15,7 @@ from typing import Iterator, List, Optional, Tuple
 
 from ..fixes import without_graph
 from ..model import Location, TraceData
-from ..statements import parsed_sources
+from ..source.statements import parsed_sources
 from .names import outermost_runs
 
 # Calls that add their argument to a container (list, deque, set) without replacing what it holds.

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import ast
 import functools
+import io
 import re
+import tokenize
 from typing import Dict, Iterator, Optional, Tuple
 
-from .model import DATA_SWAP, Location
+from ..model import DATA_SWAP, Location
 
 
 def parsed_sources(sources: Dict[str, list], only: Optional[str] = None) -> Iterator[Tuple[str, ast.Module]]:
@@ -237,3 +239,16 @@ def dotted(node) -> Optional[str]:
     if not isinstance(node, ast.Name):
         return None
     return ".".join([node.id] + parts[::-1])
+
+
+def without_comment(line: str) -> str:
+    """The code of a line without its trailing comment (a `#` inside a string stays)."""
+    if "#" not in line:
+        return line
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(line).readline):
+            if tok.type == tokenize.COMMENT:
+                return line[:tok.start[1]].rstrip()
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass  # a line of a multi-line statement: keep it whole
+    return line
