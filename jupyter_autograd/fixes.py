@@ -35,7 +35,7 @@ from collections import Counter
 from typing import List, Optional, Tuple
 
 from .model import OpRecord, TraceData
-from .source.statements import parsed_sources
+from .source.index import SourceIndex, parse_fresh
 
 REPLACE = "Replace the culprit line with:"
 REPLACE_LINE = "Replace line %d of %s with:"
@@ -160,10 +160,10 @@ def without_graph(head: str, value: str, tail: str, arguments=frozenset()) -> st
     A value read from `arguments` (parameters filled from a container's elements, which may be Python
     numbers: a meter fed `loss.item()` and loss tensors alike) has no `.detach()` when it is a number:
     then only a tensor is detached, the value computed once (`_kept = val * n` on a line before)."""
-    try:
-        tree = ast.parse(value.strip(), mode="eval").body
-    except SyntaxError:
+    parsed = parse_fresh(value.strip(), mode="eval")
+    if parsed is None:
         return ""
+    tree = parsed.body
     if not arguments & {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}:
         primary = isinstance(tree, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
         return head + (value if primary else "(%s)" % value) + ".detach()" + tail
@@ -558,7 +558,7 @@ def _only_assignment(trace: TraceData, name: str):
 
 
 def _parsed_sources(trace: TraceData, only: Optional[str] = None):
-    return parsed_sources(trace.sources, only)
+    return SourceIndex(trace.sources).trees(only)
 
 
 # How the user wrote the ops that cut a chain: what a fix tells them to stop writing.
@@ -768,10 +768,10 @@ def _arguments_of(trace: TraceData, location) -> frozenset:
     if found is None:
         return frozenset()
     lines, number, _ = found
-    try:
-        header = ast.parse(lines[number - 1].strip() + "\n    pass\n").body[0]
-    except SyntaxError:  # a signature over several lines
+    parsed = parse_fresh(lines[number - 1].strip() + "\n    pass\n")
+    if parsed is None:  # a signature over several lines
         return frozenset()
+    header = parsed.body[0]
     args = header.args
     return frozenset(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs)
 
@@ -837,11 +837,9 @@ def _plain_name(node) -> Optional[str]:
 
 
 def _single_statement(src: str):
-    try:
-        tree = ast.parse((src or "").strip())
-    except SyntaxError:
-        return None
-    return tree.body[0] if len(tree.body) == 1 else None
+    """The one statement of `src` as a tree of its own (a fix may rewrite it), or None."""
+    tree = parse_fresh((src or "").strip())
+    return tree.body[0] if tree is not None and len(tree.body) == 1 else None
 
 
 def _is_simple_statement(src: str) -> bool:

@@ -12,7 +12,7 @@ import torch
 from ..model import (DATA_SWAP, FREEZE_SETTER, Checkpoint, GraphNode, Location, ModuleCall, OpRecord, SavedSlot,
                      TensorInfo, TraceData)
 from ..source.naming import assignment_targets
-from ..source.statements import without_comment
+from ..source.index import without_comment
 from . import distributed
 from . import graph as graph_snapshot
 from .backward import BACKWARD_FUNCS

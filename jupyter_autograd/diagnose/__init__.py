@@ -11,7 +11,8 @@ from typing import Dict, List
 
 from ..model import EXPLAINS, PROBLEM_KINDS, Diagnosis, TraceData
 from ..model.queries import ancestors
-from . import errors, flow, inplace, names
+from ..source.naming import names_at_culprits
+from . import errors, flow, inplace
 
 _ORDER = {kind: i for i, kind in enumerate(PROBLEM_KINDS)}
 
@@ -23,7 +24,7 @@ def diagnose(trace: TraceData) -> List[Diagnosis]:
     warnings, notes = list(trace.warnings), list(trace.notes)
     found = _rules(trace)
     try:
-        renamed = names.names_at_culprits(trace, found)
+        renamed = names_at_culprits(trace, found)
     except Exception as exc:
         trace.warnings.append("reading the names the culprit lines use failed (%s: %s): tensors keep the names "
                               "the block gave them" % (type(exc).__name__, exc))

@@ -17,6 +17,7 @@ from typing import Iterable, List, Optional, Tuple
 
 from .. import fixes
 from ..fixes import line_ref, where
+from ..source.index import parse_statement
 from ..model import Checkpoint, Diagnosis, DistributedModel, Location, OpRecord, TraceData, is_description
 from ..model.queries import at_maker, engine_order, node_at
 
@@ -170,11 +171,8 @@ def _element_name(made: Optional[OpRecord], tid: Optional[int]) -> Optional[str]
     to the several views an op returned names the sequence that holds them, in their order."""
     if made is None or len(made.outputs) < 2 or tid not in made.outputs or made.location is None:
         return None
-    try:
-        tree = ast.parse(made.location.source)
-    except SyntaxError:
-        return None
-    stmt = tree.body[0] if len(tree.body) == 1 else None
+    tree = parse_statement(made.location.source)
+    stmt = tree.body[0] if tree is not None and len(tree.body) == 1 else None
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0],
                                                                               (ast.Name, ast.Attribute)):
         return "%s[%d]" % (ast.unparse(stmt.targets[0]), made.outputs.index(tid))

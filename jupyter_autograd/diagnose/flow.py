@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Set
 
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, backward_outcome, code, line_ref, starved_fix, where
 from ..model import FREEZE_SETTER, GRAD_MODE_SWITCHES, Checkpoint, Diagnosis, Location, OpRecord, TraceData
-from ..source.statements import parsed_sources
+from ..source.index import SourceIndex, parse_fresh, parse_statement
 from ..model.queries import (FunctionCalls, ancestors, at_caller, at_maker, engine_order, exit_before, first_use,
                     is_cut, is_exit, leading_to, made_from_values, node_at, reachable, scope_call, stops_after,
                     switch_left_on)
@@ -389,7 +389,7 @@ def _rebuilt_loss(trace: TraceData, root: int, rebuilt: List[int]) -> Diagnosis:
         "has no history, so backward() from `%s` stops there. PyTorch raises nothing, but no parameter gets a "
         "gradient, and training does nothing." % (where(made), leaf, name))
     rewritten = _without_exit(made.location.source) if made.location else None
-    assigned = ast.parse(rewritten).body[0] if rewritten else None
+    assigned = parse_statement(rewritten).body[0] if rewritten else None
     if assigned is not None and ast.unparse(assigned.targets[0]) == ast.unparse(assigned.value):
         fix = ("Delete the culprit line: `%s` already holds the tensor whose value it copies, with the history "
                "that backward needs." % ast.unparse(assigned.value))
@@ -511,11 +511,8 @@ def _cut_fix(trace: TraceData, op: Optional[OpRecord], why: str) -> str:
 
 def _without_exit(src: str) -> Optional[str]:
     """`loss = torch.tensor(x.mean().item())` -> `loss = x.mean()`."""
-    try:
-        tree = ast.parse(src)
-    except SyntaxError:
-        return None
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign):
+    tree = parse_fresh(src)
+    if tree is None or len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign):
         return None
     value = tree.body[0].value
     if isinstance(value, ast.Call) and len(value.args) == 1 and ast.unparse(value.func) in (
@@ -584,7 +581,7 @@ def _assignment_between(trace: TraceData, attr: str, after: int, before: int) ->
     function that ran ops between op indices `after` and `before`."""
     ran = {(op.location.filename, op.location.scope) for op in trace.ops[after + 1:before] if op.location}
     found = None
-    for filename, tree in parsed_sources(trace.sources):
+    for filename, tree in SourceIndex(trace.sources).trees():
         for function in ast.walk(tree):
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
@@ -672,11 +669,8 @@ def _rebound_leaf_fix(src: str, name: str) -> Optional[str]:
     """`w = w.type(torch.float)` -> `w = w.type(torch.float).detach().requires_grad_()`: the name then
     holds a leaf of its own, which backward gives the gradient. In a tuple assignment
     (`inputs, targets = inputs.float(), targets.long()`), only the value the name gets."""
-    try:
-        tree = ast.parse(src)
-    except SyntaxError:
-        return None
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign) or len(tree.body[0].targets) != 1:
+    tree = parse_fresh(src)
+    if tree is None or len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign) or len(tree.body[0].targets) != 1:
         return None
     stmt = tree.body[0]
     target = stmt.targets[0]
@@ -703,11 +697,8 @@ def _leaf_after_move_fix(src: str, name: str) -> str:
     fallback = ("Make the leaf where it will live: create it with the dtype and device it needs and "
                 "`requires_grad=True` (`torch.randn(3, dtype=torch.float64, requires_grad=True)`), or call "
                 "`.requires_grad_()` after the move.")
-    try:
-        tree = ast.parse(src)
-    except SyntaxError:
-        return fallback
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign):
+    tree = parse_fresh(src)
+    if tree is None or len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign):
         return fallback
     stmt = tree.body[0]
     target = ast.unparse(stmt.targets[0]) if len(stmt.targets) == 1 else name

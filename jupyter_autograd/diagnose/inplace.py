@@ -15,7 +15,7 @@ from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, also_changed, b
                      without_graph, writes_after)
 from ..model import DATA_SWAP, Checkpoint, Diagnosis, OpRecord, SavedSlot, TraceData
 from ..model.queries import ancestors, engine_order, leading_to, reachable
-from ..source.statements import parsed_sources
+from ..source.index import SourceIndex, parse_fresh, parse_statement
 from .stores import handed_loop_values, storing_line
 
 _LEAF_ERRORS = ("leaf Variable that requires grad is being used in an in-place operation",)
@@ -496,11 +496,8 @@ def _detached_value(source: str, arguments=frozenset()) -> Optional[str]:
     `self.avg.mul_(m).add_(x.detach())`: what a side chain assigns or adds in place, without
     the graphs it links (no backward runs through it, so no gradient changes); see fixes.without_graph
     for a value read from an argument."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
-    if len(tree.body) != 1:
+    tree = parse_fresh(source)
+    if tree is None or len(tree.body) != 1:
         return None
     stmt = tree.body[0]
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Attribute) \
@@ -747,11 +744,10 @@ def _read_state(trace: TraceData, op: OpRecord) -> Optional[str]:
     iterations."""
     if op.location is None:
         return None
-    try:
-        line = ast.parse(op.location.source)
-    except (SyntaxError, ValueError):
+    line = parse_statement(op.location.source)
+    if line is None:
         return None
-    whole = dict(parsed_sources(trace.sources, op.location.filename)).get(op.location.filename)
+    whole = SourceIndex(trace.sources).tree(op.location.filename)
     if whole is None:
         return None
     kinds = (ast.Attribute, ast.Subscript)
@@ -765,11 +761,8 @@ def _read_state(trace: TraceData, op: OpRecord) -> Optional[str]:
 
 def _is_expression(text: str) -> bool:
     """A name, an attribute or an element (`h`, `self.prev`, `memory["prev"]`): what `x = x.detach()` can rebind."""
-    try:
-        node = ast.parse(text, mode="eval").body
-    except SyntaxError:
-        return False
-    return isinstance(node, (ast.Name, ast.Attribute, ast.Subscript))
+    tree = parse_statement(text, mode="eval")
+    return tree is not None and isinstance(tree.body, (ast.Name, ast.Attribute, ast.Subscript))
 
 
 def _carried(trace: TraceData, made: List[Tuple[int, int]], keeping: set, failed: set) -> Optional[Tuple[int, List[int], Optional[int]]]:
@@ -844,10 +837,10 @@ def _assigned_name(trace: TraceData, op: OpRecord) -> Optional[str]:
     """The name a line assigns to (`running_loss += loss` -> running_loss; `sums[k] = ...` ->
     sums[k]), from its source."""
     text = op.location.source if op.location else ""
-    try:
-        stmt = ast.parse(text).body[0]
-    except (SyntaxError, IndexError):
+    tree = parse_statement(text)
+    if tree is None or not tree.body:
         return None
+    stmt = tree.body[0]
     target = getattr(stmt, "target", None) or (stmt.targets[0] if isinstance(stmt, ast.Assign) else None)
     return ast.unparse(target) if isinstance(target, (ast.Name, ast.Attribute, ast.Subscript)) else None
 

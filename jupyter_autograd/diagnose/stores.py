@@ -15,8 +15,8 @@ from typing import Iterator, List, Optional, Tuple
 
 from ..fixes import without_graph
 from ..model import Location, TraceData
-from ..source.statements import parsed_sources
-from .names import outermost_runs
+from ..source.alignment import outermost_runs
+from ..source.index import SourceIndex
 
 # Calls that add their argument to a container (list, deque, set) without replacing what it holds.
 _ADDING = {"append": 0, "appendleft": 0, "add": 0, "insert": 1}
@@ -205,7 +205,7 @@ def _only_assigned_call(trees: dict, function: ast.AST) -> Optional[Tuple[str, i
 
 
 def _parsed(trace: TraceData) -> dict:
-    return dict(parsed_sources(trace.sources))
+    return dict(SourceIndex(trace.sources).trees())
 
 
 def _innermost_scope(tree: ast.AST, line: int) -> ast.AST:

@@ -9,7 +9,10 @@ import functools
 import re
 from typing import Dict, List, Optional
 
-from .statements import BINOPS, Statements, dotted, same_op, without_comment, written_tensor
+from ..model import Diagnosis, OpRecord, TraceData
+from .alignment import BRANCHING, Reading, same_statement, windows
+from .index import SourceIndex, parse_statement, without_comment
+from .statements import dotted, dunder, same_op, written_tensor
 from .statements import element as element_expression
 
 def assignment_targets(trace) -> Dict[int, str]:
@@ -20,7 +23,7 @@ def assignment_targets(trace) -> Dict[int, str]:
     parsed: Dict[str, tuple] = {}
     ops = trace.ops
     tensors = trace.tensors
-    statements = Statements(trace)
+    statements = SourceIndex(trace.sources)
 
     def give(tid, name, text):
         # A parameter goes by its dotted path, or is described: `self.emb = nn.Embedding(10, 4)` ends
@@ -145,11 +148,8 @@ def _call_target(text: str, first_line: int, indent: int, span) -> Optional[obje
     """The name (or tuple of names) a statement assigns the result of the call at `span` to (lines
     and UTF-8 columns in the file; the statement starts at `first_line`, indented by `indent`), when
     the call is the whole value: `fake = G(z)`, `out, self.hidden = self.rnn(x, self.hidden)`. Else None."""
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return None
-    if len(tree.body) != 1 or not isinstance(tree.body[0], (ast.Assign, ast.AnnAssign)):
+    tree = parse_statement(text)
+    if tree is None or len(tree.body) != 1 or not isinstance(tree.body[0], (ast.Assign, ast.AnnAssign)):
         return None
     stmt = tree.body[0]
     targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
@@ -175,17 +175,14 @@ def _read_statement(text: str):
     """(assigned name or None, name of its one operation or None, operand names or None, the element
     of a list or dict it stores into or None, the callee of its value when that may be a class or None)."""
     if text.startswith("for ") and text.endswith(":"):
-        try:
-            loop = ast.parse(text + " pass").body[0]
-        except SyntaxError:
+        tree = parse_statement(text + " pass")
+        if tree is None:
             return None, None, None, None, None
+        loop = tree.body[0]
         name = dotted(loop.target) if isinstance(loop, ast.For) else None
         return (_LoopTarget(name) if name else None), None, None, None, None
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return None, None, None, None, None
-    if len(tree.body) != 1:
+    tree = parse_statement(text)
+    if tree is None or len(tree.body) != 1:
         return None, None, None, None, None
     stmt = tree.body[0]
     target, value, element = None, None, None
@@ -200,7 +197,7 @@ def _read_statement(text: str):
         target = dotted(stmt.target)
         value = stmt.value
         if isinstance(stmt, ast.AugAssign):
-            return target, "__i%s__" % BINOPS.get(type(stmt.op), "?"), _operands([stmt.target, stmt.value]), None, None
+            return target, dunder(stmt.op, inplace=True), _operands([stmt.target, stmt.value]), None, None
     elif isinstance(stmt, ast.Expr):
         value = stmt.value
     if isinstance(value, _NOT_ONE_VALUE) and not isinstance(target, tuple):
@@ -227,7 +224,7 @@ def _constructor(value) -> Optional[str]:
 def _operands_of(node):
     """(the call's name, operand names) of an expression that is one operation, else (None, None)."""
     if isinstance(node, ast.BinOp):
-        return "__%s__" % BINOPS.get(type(node.op), "?"), _operands([node.left, node.right])
+        return dunder(node.op), _operands([node.left, node.right])
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return "__neg__", _operands([node.operand])
     if isinstance(node, ast.Call) and not node.keywords and isinstance(node.func, ast.Attribute):
@@ -266,10 +263,8 @@ def _operands(nodes):
 def callee_of_call(text: str) -> Optional[str]:
     """The module a call expression calls: `dec` for `dec(torch.relu(enc(x)))`, `net.0` for
     `net[0](x)`; None when the text is not one call of a name, an attribute or an element."""
-    try:
-        call = ast.parse(without_comment(text), mode="eval").body
-    except SyntaxError:
-        return None
+    tree = parse_statement(without_comment(text), mode="eval")
+    call = tree.body if tree is not None else None
     if not isinstance(call, ast.Call):
         return None
     callee = _module_path(call.func)
@@ -303,9 +298,8 @@ _NOT_MODULES = {"torch", "F", "nn", "np", "math", "len", "print", "float", "int"
 
 @functools.lru_cache(maxsize=1024)  # the same call line, block after block of a training loop
 def single_callee(text: str) -> Optional[str]:
-    try:
-        tree = ast.parse(without_comment(text))
-    except SyntaxError:
+    tree = parse_statement(without_comment(text))
+    if tree is None:
         return None
     callees = []
     for node in ast.walk(tree):
@@ -326,9 +320,8 @@ def construction(text: str, columns) -> tuple:
     if columns is None or not text.strip():
         return None, None
     indent = len(text.encode("utf-8")) - len(text.lstrip().encode("utf-8"))
-    try:
-        tree = ast.parse(text.strip())
-    except SyntaxError:
+    tree = parse_statement(text.strip())
+    if tree is None:
         return None, None
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and (node.col_offset + indent, node.end_col_offset + indent) == tuple(columns):
@@ -339,3 +332,55 @@ def construction(text: str, columns) -> tuple:
                 target = dotted(stmt.targets[0])
             return (dotted(given) if given is not None else None), target
     return None, None
+
+
+def names_at_culprits(trace: TraceData, found: List[Diagnosis]) -> Dict[int, str]:
+    """tid -> the expression the culprit line of a diagnosis uses for the tensor it names, where that
+    is certain and goes before the tensor's name (the first diagnosis to name a tensor decides)."""
+    source, renamed = SourceIndex(trace.sources), {}
+    for d in found:
+        op = trace.ops[d.op_index] if d.op_index is not None and d.op_index < len(trace.ops) else None
+        if op is None or op.location is None or d.tensor is None or (d.filename, d.line) != (
+                op.location.filename, op.location.line):
+            continue
+        tid = next((t for t in d.tids if t in trace.tensors and trace.tensor_label(t) == d.tensor), None)
+        if tid is None or tid in renamed:
+            continue
+        info = trace.tensors[tid]
+        if info.is_parameter or info.by_variable:
+            continue
+        name = spelled(trace, source, op, tid)
+        if name is None or name == info.name or (info.name is not None and name.isidentifier()):
+            continue
+        renamed[tid] = name
+    return renamed
+
+
+def spelled(trace: TraceData, source: SourceIndex, op: OpRecord, tid: int) -> Optional[str]:
+    """The expression op's statement uses for tensor `tid`, which the op wrote, made or took, when
+    certain; else None."""
+    text = source.text(op.location)
+    tree = parse_statement(text)
+    if tree is None or len(tree.body) != 1 or any(isinstance(node, BRANCHING) for node in ast.walk(tree)):
+        return None
+    stmt = tree.body[0]
+    nearby = same_statement(trace, source, op)
+    written = written_tensor(op, text, {}, lambda t: next((o for o in reversed(nearby) if o.index < op.index
+                                                            and t in o.outputs), None))
+    if written is not None and written[0] == tid:
+        return written[1]
+    reading = Reading(stmt, text)
+    if not reading.nodes:
+        return None
+    said = set()
+    for window in windows(nearby, op, len(reading.nodes)):
+        readings = reading.alignments(window)
+        if readings is None:
+            return None
+        for matched in readings:
+            if not reading.consistent(window, matched):
+                continue
+            said.add(reading.name_of(op, matched[op.index], tid, window, matched))
+            if len(said) > 1:
+                return None
+    return said.pop() if said else None

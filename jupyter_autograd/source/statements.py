@@ -1,103 +1,15 @@
-"""Reading the user's statements, with plain `ast` (no torch): the statement a line belongs to (a
-call wrapped over several lines runs its ops at any of them), what it writes in place and through
-which expression, the dotted names it spells. Naming (capture/build.py) and the diagnoses' names
-(diagnose/names.py) read the source the same way."""
+"""Reading one of the user's statements (no torch): what it writes in place and through which
+expression, the dotted names and elements it spells, and whether a call it makes is a recorded op.
+Naming (naming.py), the alignment of statements with ops (alignment.py) and the rules read
+statements this way."""
 from __future__ import annotations
 
 import ast
-import functools
-import io
 import re
-import tokenize
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Optional, Tuple
 
-from ..model import DATA_SWAP, Location
-
-
-def parsed_sources(sources: Dict[str, list], only: Optional[str] = None) -> Iterator[Tuple[str, ast.Module]]:
-    """(filename, syntax tree) of each source file a trace read (`trace.sources`), or of `only`; files
-    that do not parse (a cell of IPython syntax) are left out."""
-    for filename, lines in sources.items():
-        if only is not None and filename != only:
-            continue
-        try:
-            yield filename, ast.parse("".join(lines))
-        except (SyntaxError, ValueError):
-            continue
-
-
-class Statements:
-    """The statements of the user's source that ops ran at. A statement written over several lines
-    (a call wrapped by a formatter) runs its ops at any of its lines; only the whole of it says
-    what it assigns. A line that is not part of such a statement stands for itself."""
-
-    def __init__(self, trace):
-        self.trace = trace
-        self.files: Dict[str, "SourceFacts"] = {}
-
-    def facts(self, filename: str) -> "SourceFacts":
-        found = self.files.get(filename)
-        if found is None:
-            lines = self.trace.sources.get(filename) or []
-            found = self.files[filename] = source_facts("".join(lines)) if lines else _NO_FACTS
-        return found
-
-    def first_line(self, where: Location) -> int:
-        span = self.facts(where.filename).spans.get(where.line)
-        return where.line if span is None else span[0]
-
-    def text(self, where: Location) -> str:
-        span = self.facts(where.filename).spans.get(where.line)
-        if span is None:
-            return where.source
-        lines = self.trace.sources[where.filename][span[0] - 1:span[1]]
-        return "".join(lines).strip()
-
-
-class SourceFacts:
-    """What naming needs from a whole source file: `spans`, line -> (first, last) line of the simple
-    statement written over several lines that holds it; `classes`, the names the file binds to classes
-    (its `class` statements, capitalised names it imports); `modules`, the names it binds to modules."""
-
-    __slots__ = ("spans", "classes", "modules")
-
-    def __init__(self, spans, classes, modules):
-        self.spans, self.classes, self.modules = spans, classes, modules
-
-    def is_class(self, callee: str) -> bool:
-        """Whether a capitalised callee (`Slot`, `Categorical`, `torch.distributions.Normal`) is a class
-        the file defines or imports, or reaches through a module; not a variable (`G(z)`, `self.D(x)`)."""
-        root, _, rest = callee.partition(".")
-        return callee in self.classes if not rest else root in self.modules
-
-
-_NO_FACTS = SourceFacts({}, frozenset(), frozenset())
-_COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.AsyncFor, ast.While,
-             ast.With, ast.AsyncWith, ast.Try, getattr(ast, "TryStar", ast.Try), getattr(ast, "Match", ast.If))
-
-
-@functools.lru_cache(maxsize=64)  # a training loop builds a trace per step from the same files
-def source_facts(source: str) -> SourceFacts:
-    """The SourceFacts of a file; none when it does not parse (a notebook cell with magics)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return _NO_FACTS
-    spans: Dict[int, Tuple[int, int]] = {}
-    classes, modules = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.stmt) and not isinstance(node, _COMPOUND) and node.end_lineno > node.lineno:
-            for line in range(node.lineno, node.end_lineno + 1):
-                spans[line] = (node.lineno, node.end_lineno)
-        if isinstance(node, ast.ClassDef):
-            classes.add(node.name)
-        elif isinstance(node, ast.Import):
-            modules.update((a.asname or a.name).partition(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            for a in node.names:
-                bound = a.asname or a.name
-                (classes if a.name[:1].isupper() else modules).add(bound)
-    return SourceFacts(spans, frozenset(classes), frozenset(modules))
+from ..model import DATA_SWAP
+from .index import parse_statement
 
 
 def written_tensor(op, text: str, parsed, made_in_statement) -> Optional[Tuple[int, str]]:
@@ -162,16 +74,13 @@ def write_expression(text: str):
     writes in place through exactly one expression, else None. In-place methods return the tensor
     they wrote, so a chain of them (`self.avg.mul_(m).add_(x)`) is one write, through its first
     receiver."""
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return None
-    if len(tree.body) != 1:
+    tree = parse_statement(text)
+    if tree is None or len(tree.body) != 1:
         return None
     stmt = tree.body[0]
     found = []  # [expression, spelling, callees, the call]
     if isinstance(stmt, ast.AugAssign):
-        found.append([stmt.target, "augmented", ("__i%s__" % BINOPS.get(type(stmt.op), "?"),), None])
+        found.append([stmt.target, "augmented", (dunder(stmt.op, inplace=True),), None])
     elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
         target = stmt.targets[0]
         if isinstance(target, ast.Subscript):
@@ -216,8 +125,25 @@ def callee_name(func) -> Optional[str]:
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
 
 
-BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "truediv", ast.MatMult: "matmul",
-          ast.Pow: "pow", ast.FloorDiv: "floordiv", ast.Mod: "mod"}
+# The one operator table: for each operator of the source, the stem of its dunder method (`__add__`,
+# `__iadd__`) and the names (without `Tensor.`, `torch.`, underscores) the op it runs is recorded as.
+BINARY = {ast.Add: ("add", {"add"}), ast.Sub: ("sub", {"sub", "rsub"}), ast.Mult: ("mul", {"mul"}),
+          ast.MatMult: ("matmul", {"matmul", "rmatmul"}),
+          ast.Div: ("truediv", {"div", "truediv", "true_divide", "rdiv", "rtruediv"}),
+          ast.Pow: ("pow", {"pow", "rpow"}), ast.FloorDiv: ("floordiv", {"floordiv", "floor_divide", "rfloordiv"}),
+          ast.Mod: ("mod", {"mod", "remainder", "fmod", "rmod"}), ast.BitAnd: ("and", {"and", "bitwise_and", "rand"}),
+          ast.BitOr: ("or", {"or", "bitwise_or", "ror"}), ast.BitXor: ("xor", {"xor", "bitwise_xor", "rxor"}),
+          ast.LShift: ("lshift", {"lshift", "rlshift"}), ast.RShift: ("rshift", {"rshift", "rrshift"})}
+UNARY = {ast.USub: ("neg", {"neg", "negative"}), ast.UAdd: ("pos", {"pos", "positive"}),
+         ast.Invert: ("invert", {"invert", "bitwise_not"})}
+COMPARE = {ast.Gt: {"gt", "greater"}, ast.Lt: {"lt", "less"}, ast.GtE: {"ge", "greater_equal"},
+           ast.LtE: {"le", "less_equal"}, ast.Eq: {"eq"}, ast.NotEq: {"ne", "not_equal"}}
+
+
+def dunder(op: ast.operator, inplace: bool = False) -> str:
+    """`__add__` (or `__iadd__`) for the source's `+` (or `+=`)."""
+    stem = BINARY.get(type(op), ("?",))[0]
+    return "__i%s__" % stem if inplace else "__%s__" % stem
 
 
 def same_op(callee, op_name: str) -> bool:
@@ -239,16 +165,3 @@ def dotted(node) -> Optional[str]:
     if not isinstance(node, ast.Name):
         return None
     return ".".join([node.id] + parts[::-1])
-
-
-def without_comment(line: str) -> str:
-    """The code of a line without its trailing comment (a `#` inside a string stays)."""
-    if "#" not in line:
-        return line
-    try:
-        for tok in tokenize.generate_tokens(io.StringIO(line).readline):
-            if tok.type == tokenize.COMMENT:
-                return line[:tok.start[1]].rstrip()
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        pass  # a line of a multi-line statement: keep it whole
-    return line

@@ -1,21 +1,12 @@
-"""The name a diagnosis gives the tensor it is about: the expression its culprit line uses for it.
-
-A tensor goes by several names: a variable of the user's that holds it (`log_alpha`), the path a
-module's buffer has through the model the namespace holds (`model.queue`), the assignment that made
-it (`t_centroid`), the expression each line that reads or writes it spells (`self.queue`,
-`self.t_centroid`). The trace names each tensor once (capture/build.py); a diagnosis points at one
-line, and that line is what the user reads. There the tensor goes by the expression the line itself
-uses for it, when the line's own text and the op's inputs make it certain and it says where the
-tensor is held (an attribute, an element: `self.queue`, `state["h"]`), before a module path or a
-name from another line. A variable of the user's holding the tensor stays its name, and a parameter
-keeps its dotted path; a bare local name at the culprit line (a loop's `buf`, a function's `t`) is
-an alias there, and names only a tensor that has no name.
+"""The alignment of the user's statements with the ops they recorded: which ops one execution of a
+statement ran (the statement's unit: its file, function and first line), and, for a statement of a
+few operations, every way the recorded ops fit its operations in Python's order of evaluation.
 
 Certain means: the op is matched to the part of the statement that ran it, in Python's order of
 evaluation, the same way by every reading of the statement's recorded ops that is consistent (each
 op where an operation of that name is written; a result of one op used where its expression is an
 operand of the next; an operation whose operand made a tensor ran; an operand that made no tensor
-is no tensor). Then the expression is the statement's target for the op's result, the operand for
+is no tensor). Naming (naming.py) reads the statement's target for the op's result, the operand for
 an input, the expression written for a write.
 """
 from __future__ import annotations
@@ -23,29 +14,18 @@ from __future__ import annotations
 import ast
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from ..model import DATA_SWAP, FREEZE_SETTER, Diagnosis, OpRecord, TraceData
-from ..source.statements import Statements, dotted, element, same_op, written_tensor
-
-# The recorded names (without `Tensor.`, `torch.`, underscores) an operator of the source runs as.
-_BINARY = {ast.Add: {"add"}, ast.Sub: {"sub", "rsub"}, ast.Mult: {"mul"}, ast.MatMult: {"matmul", "rmatmul"},
-           ast.Div: {"div", "truediv", "true_divide", "rdiv", "rtruediv"}, ast.Pow: {"pow", "rpow"},
-           ast.FloorDiv: {"floordiv", "floor_divide", "rfloordiv"}, ast.Mod: {"mod", "remainder", "fmod", "rmod"},
-           ast.BitAnd: {"and", "bitwise_and", "rand"}, ast.BitOr: {"or", "bitwise_or", "ror"},
-           ast.BitXor: {"xor", "bitwise_xor", "rxor"}, ast.LShift: {"lshift", "rlshift"},
-           ast.RShift: {"rshift", "rrshift"}}
-_UNARY = {ast.USub: {"neg", "negative"}, ast.UAdd: {"pos", "positive"}, ast.Invert: {"invert", "bitwise_not"}}
-_COMPARE = {ast.Gt: {"gt", "greater"}, ast.Lt: {"lt", "less"}, ast.GtE: {"ge", "greater_equal"},
-            ast.LtE: {"le", "less_equal"}, ast.Eq: {"eq"}, ast.NotEq: {"ne", "not_equal"}}
-
+from ..model import DATA_SWAP, FREEZE_SETTER, OpRecord, TraceData
+from .index import SourceIndex
+from .statements import BINARY, COMPARE, UNARY, dotted, element, same_op
 
 def outermost_runs(node: ast.AST, op_name: str) -> bool:
     """Whether the expression's outermost operation can be the recorded op (`a + 0.1 * b`: an add;
     `F.mse_loss(p, y)`: mse_loss), the last op its value comes from."""
     short = op_name.rpartition(".")[2].strip("_")
     if isinstance(node, ast.BinOp):
-        return short in _BINARY.get(type(node.op), ())
+        return short in BINARY.get(type(node.op), (None, ()))[1]
     if isinstance(node, ast.UnaryOp):
-        return short in _UNARY.get(type(node.op), ())
+        return short in UNARY.get(type(node.op), (None, ()))[1]
     if isinstance(node, ast.Call):
         return same_op(node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None),
                        op_name)
@@ -56,67 +36,12 @@ def outermost_runs(node: ast.AST, op_name: str) -> bool:
 # do anything with them).
 _TORCH_ROOTS = ("torch", "F", "nn", "init")
 # Statements whose order of evaluation depends on values: no reading of them is certain.
-_BRANCHING = (ast.BoolOp, ast.IfExp, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda,
+BRANCHING = (ast.BoolOp, ast.IfExp, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda,
               ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom, ast.Starred)
 _READINGS = 64  # consistent readings of one statement beyond which none is taken as certain
 
 
-def names_at_culprits(trace: TraceData, found: List[Diagnosis]) -> Dict[int, str]:
-    """tid -> the expression the culprit line of a diagnosis uses for the tensor it names, where that
-    is certain and goes before the tensor's name (the first diagnosis to name a tensor decides)."""
-    statements, renamed = Statements(trace), {}
-    for d in found:
-        op = trace.ops[d.op_index] if d.op_index is not None and d.op_index < len(trace.ops) else None
-        if op is None or op.location is None or d.tensor is None or (d.filename, d.line) != (
-                op.location.filename, op.location.line):
-            continue
-        tid = next((t for t in d.tids if t in trace.tensors and trace.tensor_label(t) == d.tensor), None)
-        if tid is None or tid in renamed:
-            continue
-        info = trace.tensors[tid]
-        if info.is_parameter or info.by_variable:
-            continue
-        name = spelled(trace, statements, op, tid)
-        if name is None or name == info.name or (info.name is not None and name.isidentifier()):
-            continue
-        renamed[tid] = name
-    return renamed
-
-
-def spelled(trace: TraceData, statements: Statements, op: OpRecord, tid: int) -> Optional[str]:
-    """The expression op's statement uses for tensor `tid`, which the op wrote, made or took, when
-    certain; else None."""
-    text = statements.text(op.location)
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return None
-    if len(tree.body) != 1 or any(isinstance(node, _BRANCHING) for node in ast.walk(tree)):
-        return None
-    stmt = tree.body[0]
-    nearby = _same_statement(trace, statements, op)
-    written = written_tensor(op, text, {}, lambda t: next((o for o in reversed(nearby) if o.index < op.index
-                                                            and t in o.outputs), None))
-    if written is not None and written[0] == tid:
-        return written[1]
-    reading = _Reading(stmt, text)
-    if not reading.nodes:
-        return None
-    said = set()
-    for window in _windows(nearby, op, len(reading.nodes)):
-        readings = reading.alignments(window)
-        if readings is None:
-            return None
-        for matched in readings:
-            if not reading.consistent(window, matched):
-                continue
-            said.add(reading.name_of(op, matched[op.index], tid, window, matched))
-            if len(said) > 1:
-                return None
-    return said.pop() if said else None
-
-
-def _same_statement(trace: TraceData, statements: Statements, op: OpRecord) -> List[OpRecord]:
+def same_statement(trace: TraceData, source: SourceIndex, op: OpRecord) -> List[OpRecord]:
     """The ops around `op` that ran at its statement, one after the other (a statement run again, in a
     loop or by another call, follows on; ops of any other line end the run). At most as many on each
     side as a statement of this size can run."""
@@ -124,7 +49,7 @@ def _same_statement(trace: TraceData, statements: Statements, op: OpRecord) -> L
         where = other.location
         if where is None:
             return None
-        return where.filename, where.function, where.scope, statements.first_line(where)
+        return where.filename, where.function, where.scope, source.first_line(where)
 
     mine, limit = unit(op), 64
     before, after = [], []
@@ -139,7 +64,7 @@ def _same_statement(trace: TraceData, statements: Statements, op: OpRecord) -> L
     return before[::-1] + [op] + after
 
 
-def _windows(nearby: List[OpRecord], op: OpRecord, size: int) -> Iterator[List[OpRecord]]:
+def windows(nearby: List[OpRecord], op: OpRecord, size: int) -> Iterator[List[OpRecord]]:
     """The stretches of `nearby` holding `op` that one execution of a statement with `size` operations
     could have run."""
     at = nearby.index(op)
@@ -148,7 +73,7 @@ def _windows(nearby: List[OpRecord], op: OpRecord, size: int) -> Iterator[List[O
             yield nearby[first:end]
 
 
-class _Reading:
+class Reading:
     """A statement's operations in Python's order of evaluation, and how recorded ops fit them."""
 
     def __init__(self, stmt: ast.stmt, text: str):
@@ -180,7 +105,7 @@ class _Reading:
             self._visit(node.left)
             self._visit(node.right)
             self._add(node, [node.left, node.right])
-        elif isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        elif isinstance(node, ast.UnaryOp) and type(node.op) in UNARY:
             self._visit(node.operand)
             self._add(node, [node.operand])
         elif isinstance(node, ast.Compare) and len(node.ops) == 1:
@@ -241,7 +166,7 @@ class _Reading:
         out = []
         for node in nodes:
             if isinstance(node, (ast.List, ast.Tuple)):
-                out.extend(_Reading._flat(node.elts))
+                out.extend(Reading._flat(node.elts))
             elif node is not None:
                 out.append(node)
         return out
@@ -262,10 +187,10 @@ class _Reading:
         if isinstance(node, (ast.BinOp, ast.UnaryOp, ast.Call)):
             return outermost_runs(node, op.name)
         if isinstance(node, ast.AugAssign):
-            names = _BINARY.get(type(node.op), ())
+            names = BINARY.get(type(node.op), (None, ()))[1]
             return short in names or short.startswith("i") and short[1:] in names or short.rstrip("_") in names
         if isinstance(node, ast.Compare):
-            return short in _COMPARE.get(type(node.ops[0]), ())
+            return short in COMPARE.get(type(node.ops[0]), ())
         if isinstance(node, ast.Subscript):
             return short == "getitem"
         if isinstance(node, ast.Attribute):
