@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import jupyter_autograd as ja
-from jupyter_autograd import fixes
+from jupyter_autograd.diagnose import fixes
 from jupyter_autograd.model import is_description
 from jupyter_autograd.render.text import exception_note
 
@@ -74,7 +74,7 @@ def lines(path, *texts):
 
 
 def replacement(fix):
-    """The block that replaces the culprit line (the convention of fixes.py), or None."""
+    """The block that replaces the culprit line (the convention of diagnose/fixes/__init__.py), or None."""
     head, sep, rest = fix.partition(fixes.REPLACE + "\n")
     if not sep:
         return None

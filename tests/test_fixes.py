@@ -1,4 +1,4 @@
-"""Every fix a diagnosis suggests is code that runs (the convention is in jupyter_autograd/fixes.py).
+"""Every fix a diagnosis suggests is code that runs (the convention is in jupyter_autograd/diagnose/fixes/__init__.py).
 
 Over every scenario of both shared corpora and ours: each code block of each fix compiles, uses
 only names the user's program has (or torch, nn, F), and names only methods that exist. Where
@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 import jupyter_autograd as ja
-from jupyter_autograd import fixes
+from jupyter_autograd.diagnose import fixes
+from jupyter_autograd.source import rewrites
 from jupyter_autograd.model import PROBLEM_KINDS
 
 from . import scenario_runner as runner
@@ -411,7 +412,7 @@ def test_fixes_seen_cover_every_kind_that_was_diagnosed():
 def test_out_of_place_form_of_every_inplace_method_exists(method):
     for args in ("", "0", "z", "0, 1"):
         for line in ("y.%s(%s)" % (method, args), "out = y.%s(%s)" % (method, args)):
-            rewritten = fixes.out_of_place(line)
+            rewritten = rewrites.out_of_place(line)
             if rewritten is None:
                 continue
             check_code(rewritten, {"y", "z", "out"}, line)
@@ -426,7 +427,7 @@ def test_rewrites_compute_what_the_inplace_line_computed():
         plain = {"torch": torch, "y": torch.randn(3), "z": z}
         fixed = dict(plain, y=plain["y"].clone())
         exec(line, plain)
-        rewritten = fixes.out_of_place(line) or fixes.copy_before_write(line)
+        rewritten = rewrites.out_of_place(line) or rewrites.copy_before_write(line)
         assert rewritten, line
         exec(rewritten, fixed)
         assert torch.equal(plain["y"], fixed["y"]), (line, rewritten)
@@ -437,16 +438,16 @@ def test_rewrites_compute_what_the_inplace_line_computed():
 def test_sampling_rewrites_have_the_distribution_asked_for():
     y = torch.empty(200_000)
     ns = {"torch": torch, "y": y}
-    exec(fixes.out_of_place("y.normal_(3.0, 0.5)"), ns)
+    exec(rewrites.out_of_place("y.normal_(3.0, 0.5)"), ns)
     assert abs(ns["y"].mean().item() - 3.0) < 0.01 and abs(ns["y"].std().item() - 0.5) < 0.01
-    exec(fixes.out_of_place("y.uniform_(-2, 4)"), ns)
+    exec(rewrites.out_of_place("y.uniform_(-2, 4)"), ns)
     assert ns["y"].min() >= -2 and ns["y"].max() <= 4 and abs(ns["y"].mean().item() - 1.0) < 0.02
 
 
 def test_no_rewrite_where_rebinding_would_change_the_meaning():
     # Rebinding a module's attribute, an element, or a call's result is not the in-place write.
     for line in ("net.weight.mul_(2)", "x[0].add_(1)", "f(x).zero_()", "self.h += 1", "y.random_()"):
-        assert fixes.out_of_place(line) is None, line
+        assert rewrites.out_of_place(line) is None, line
 
 
 def test_allow_mutation_remedy_named_in_the_fix_gives_the_clean_gradients():
@@ -464,8 +465,8 @@ def test_allow_mutation_remedy_named_in_the_fix_gives_the_clean_gradients():
 
 
 def test_a_parameter_fix_uses_code_not_its_dotted_name():
-    assert fixes._expr("net.2.weight") == "net[2].weight"
-    assert fixes._expr("encoder.layers.10.linear1.bias") == "encoder.layers[10].linear1.bias"
+    assert rewrites.as_code("net.2.weight") == "net[2].weight"
+    assert rewrites.as_code("encoder.layers.10.linear1.bias") == "encoder.layers[10].linear1.bias"
     assert "net[2].weight" in fixes.accumulation_fix("", "net.2.weight")
 
 
@@ -668,7 +669,7 @@ def test_an_inplace_functional_call_still_changes_its_input():
         fixed = dict(plain, y=plain["y"].clone())
         torch.manual_seed(0)
         exec(line, plain)
-        rewritten = fixes.out_of_place(line)
+        rewritten = rewrites.out_of_place(line)
         assert "inplace=False" in rewritten, line
         torch.manual_seed(0)
         exec(rewritten, fixed)
@@ -718,8 +719,8 @@ def test_a_parameter_starved_by_item_is_told_to_stop_using_item(tmp_path):
 
 def test_a_value_kept_without_its_graph_may_be_a_number_when_handed_in():
     # A meter's update(value, n) is fed `loss.item()` and loss tensors alike.
-    assert fixes.without_graph("total += ", "value * n", "") == "total += (value * n).detach()"
-    block = fixes.without_graph("history.append(", "value * n", ")", frozenset({"value", "n"}))
+    assert rewrites.without_graph("total += ", "value * n", "") == "total += (value * n).detach()"
+    block = rewrites.without_graph("history.append(", "value * n", ")", frozenset({"value", "n"}))
     for value in (2.0, torch.tensor(2.0, requires_grad=True) * 1):
         ns = {"torch": torch, "value": value, "n": 3, "history": []}
         exec(block, ns)

@@ -7,7 +7,7 @@ from torch import nn
 
 import jupyter_autograd as ja
 from jupyter_autograd.capture import nan_watch
-from jupyter_autograd.diagnose.flow import _CAUSES
+from jupyter_autograd.diagnose.rules.nan import _CAUSES
 
 
 def sqrt_at_zero():

@@ -180,12 +180,13 @@ BROKEN_CELL = "import torch\nx = torch.ones(3, requires_grad=True)\ny = x.exp()\
 @pytest.fixture
 def a_rule_fails(monkeypatch):
     """A fault in one part of the analysis: the NaN rule raises."""
-    from jupyter_autograd.diagnose import flow
+    from jupyter_autograd.diagnose import registry
 
-    def fails(trace):
+    def fails(trace, source):
         raise RuntimeError("injected fault in the NaN rule")
 
-    monkeypatch.setattr(flow, "nan_gradient", fails)
+    monkeypatch.setattr(registry, "RULES", [rule._replace(find=fails) if rule.find.__name__ == "nan_gradient" else rule
+                                            for rule in registry.RULES])
 
 
 def html_text(page):
@@ -240,12 +241,13 @@ def test_the_pytest_plugin_says_it(tmp_path):
 
         @pytest.fixture(autouse=True)
         def a_rule_fails(monkeypatch):
-            from jupyter_autograd.diagnose import flow
+            from jupyter_autograd.diagnose import registry
 
-            def fails(trace):
+            def fails(trace, source):
                 raise RuntimeError("injected fault in the NaN rule")
 
-            monkeypatch.setattr(flow, "nan_gradient", fails)
+            monkeypatch.setattr(registry, "RULES", [rule._replace(find=fails) if rule.find.__name__ == "nan_gradient"
+                                                    else rule for rule in registry.RULES])
         """))
     (tmp_path / "test_step.py").write_text(textwrap.dedent("""
         import torch

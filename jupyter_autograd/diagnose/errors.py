@@ -15,8 +15,8 @@ import ast
 import re
 from typing import Iterable, List, Optional, Tuple
 
-from .. import fixes
-from ..fixes import line_ref, where
+from . import fixes
+from .fixes import line_ref, where
 from ..source.index import parse_statement
 from ..model import Checkpoint, Diagnosis, DistributedModel, Location, OpRecord, TraceData, is_description
 from ..model.queries import at_maker, engine_order, node_at

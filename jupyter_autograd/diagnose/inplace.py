@@ -10,13 +10,13 @@ import ast
 import bisect
 from typing import Dict, List, Optional, Tuple
 
-from ..fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, also_changed, backward_outcome, code, counted,
-                     data_fix, data_swap_fix, describe_write, inplace_fix, kept_fix, leaf_fix, line_ref, where,
-                     without_graph, writes_after)
 from ..model import DATA_SWAP, Checkpoint, Diagnosis, OpRecord, SavedSlot, TraceData
 from ..model.queries import ancestors, engine_order, leading_to, reachable
 from ..source.index import SourceIndex, parse_fresh, parse_statement
-from .stores import handed_loop_values, storing_line
+from ..source.rewrites import without_graph, writes_after
+from .fixes import (NO_ONE_LINE_FIX, REPLACE, accumulation_fix, also_changed, backward_outcome, code, counted,
+                    data_fix, data_swap_fix, describe_write, inplace_fix, kept_fix, leaf_fix, line_ref, where)
+from ..source.stores import handed_loop_values, storing_line
 
 _LEAF_ERRORS = ("leaf Variable that requires grad is being used in an in-place operation",)
 # A call given `out=` refuses to run when any argument requires grad: a write into a leaf when the out

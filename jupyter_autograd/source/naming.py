@@ -9,7 +9,7 @@ import functools
 import re
 from typing import Dict, List, Optional
 
-from ..model import Diagnosis, OpRecord, TraceData
+from ..model import OpRecord, TraceData
 from .alignment import BRANCHING, Reading, same_statement, windows
 from .index import SourceIndex, parse_statement, without_comment
 from .statements import dotted, dunder, same_op, written_tensor
@@ -334,17 +334,17 @@ def construction(text: str, columns) -> tuple:
     return None, None
 
 
-def names_at_culprits(trace: TraceData, found: List[Diagnosis]) -> Dict[int, str]:
-    """tid -> the expression the culprit line of a diagnosis uses for the tensor it names, where that
-    is certain and goes before the tensor's name (the first diagnosis to name a tensor decides)."""
-    source, renamed = SourceIndex(trace.sources), {}
-    for d in found:
-        op = trace.ops[d.op_index] if d.op_index is not None and d.op_index < len(trace.ops) else None
-        if op is None or op.location is None or d.tensor is None or (d.filename, d.line) != (
-                op.location.filename, op.location.line):
+def names_at_culprits(trace: TraceData, source: SourceIndex, claims) -> Dict[int, str]:
+    """tid -> the expression a culprit line uses for the tensor a diagnosis names, where that is
+    certain and goes before the tensor's name. `claims`: (culprit op index, (filename, line) of the
+    culprit line, tid), in the diagnoses' order: the first to name a tensor decides. A culprit placed
+    at another line than its op's (the line that called a module) names nothing."""
+    renamed = {}
+    for op_index, where, tid in claims:
+        op = trace.ops[op_index] if op_index is not None and op_index < len(trace.ops) else None
+        if op is None or op.location is None or where != (op.location.filename, op.location.line):
             continue
-        tid = next((t for t in d.tids if t in trace.tensors and trace.tensor_label(t) == d.tensor), None)
-        if tid is None or tid in renamed:
+        if tid is None or tid not in trace.tensors or tid in renamed:
             continue
         info = trace.tensors[tid]
         if info.is_parameter or info.by_variable:

@@ -13,10 +13,10 @@ import ast
 import json
 from typing import Iterator, List, Optional, Tuple
 
-from ..fixes import without_graph
+from .rewrites import without_graph
 from ..model import Location, TraceData
-from ..source.alignment import outermost_runs
-from ..source.index import SourceIndex
+from .alignment import outermost_runs
+from .index import SourceIndex
 
 # Calls that add their argument to a container (list, deque, set) without replacing what it holds.
 _ADDING = {"append": 0, "appendleft": 0, "add": 0, "insert": 1}
