@@ -490,7 +490,7 @@ _PARTS = [
     ("inplace", "_leaf_inplace", "the rule for in-place changes of leaves (leaf-inplace)", ["saved-tensor-modified"]),
     ("inplace", "_saved_tensor_writes", "the rule for saved tensors changed in place",
      ["leaf-inplace", "backward-error"]),
-    ("flow", "missing_grad", "the rule for tensors that get no gradient", ["leaf-inplace", "saved-tensor-modified"]),
+    ("rule", "missing_grad", "the rule for tensors that get no gradient", ["leaf-inplace", "saved-tensor-modified"]),
 ]
 
 
@@ -498,14 +498,18 @@ _PARTS = [
 def test_a_part_of_the_analysis_that_fails_loses_only_its_own_share_and_says_so(monkeypatch, where, name,
                                                                               warning, kept):
     from jupyter_autograd.capture import build, freeze, graph, mode, tensors
-    from jupyter_autograd.diagnose import flow, inplace
+    from jupyter_autograd.diagnose import inplace, registry
 
-    module = {"graph": graph, "tensors": tensors, "mode": mode, "build": build, "freeze": freeze, "inplace": inplace,
-              "flow": flow}[where]
     torch.manual_seed(0)
     plain = _two_problems()
-    monkeypatch.setattr(module, name, _boom) if "." not in name else monkeypatch.setattr(
-        getattr(module, name.split(".")[0]), name.split(".")[1], _boom)
+    if where == "rule":  # a rule of the registry, by its function's name
+        monkeypatch.setattr(registry, "RULES", [rule._replace(find=_boom) if rule.find.__name__ == name else rule
+                                                for rule in registry.RULES])
+    else:
+        module = {"graph": graph, "tensors": tensors, "mode": mode, "build": build, "freeze": freeze,
+                  "inplace": inplace}[where]
+        monkeypatch.setattr(module, name, _boom) if "." not in name else monkeypatch.setattr(
+            getattr(module, name.split(".")[0]), name.split(".")[1], _boom)
     torch.manual_seed(0)
     with ja.capture() as trace:
         captured = _two_problems()

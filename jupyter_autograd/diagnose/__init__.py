@@ -14,7 +14,7 @@ from ..model import EXPLAINS, PROBLEM_KINDS, Diagnosis, TraceData
 from ..model.queries import ancestors
 from ..source.index import SourceIndex
 from ..source.naming import names_at_culprits
-from . import errors, flow, inplace
+from . import errors, inplace
 from .findings import Finding
 from . import registry
 from .wording import worded
@@ -29,7 +29,7 @@ def diagnose(trace: TraceData, source: Optional[SourceIndex] = None) -> List[Dia
     source = source if source is not None else SourceIndex(trace.sources)
     warnings, notes = list(trace.warnings), list(trace.notes)
     findings = _find(trace, source)
-    found_warnings = trace.warnings[len(warnings):]
+    found_warnings, found_notes = trace.warnings[len(warnings):], trace.notes[len(notes):]
     ranks: Dict[int, tuple] = {}
     found = _rules(trace, ranks, findings)
     try:
@@ -41,7 +41,7 @@ def diagnose(trace: TraceData, source: Optional[SourceIndex] = None) -> List[Dia
     if renamed:
         for tid, name in renamed.items():
             trace.tensors[tid].name = name
-        trace.warnings[:], trace.notes[:] = warnings + found_warnings, notes  # said again by the rules
+        trace.warnings[:], trace.notes[:] = warnings + found_warnings, notes + found_notes  # said again by the rules
         ranks.clear()
         found = _rules(trace, ranks, findings)
     for f in findings:
@@ -62,7 +62,27 @@ def _find(trace: TraceData, source: SourceIndex) -> List[Finding]:
         except Exception as exc:
             trace.warnings.append("the rule for %s failed (%s: %s): problems of that kind were not looked for"
                                   % (rule.looks_for, type(exc).__name__, exc))
-    return found
+    return _said_once(trace, found)
+
+
+def _said_once(trace: TraceData, found: List[Finding]) -> List[Finding]:
+    """Parameters starved by a cut on the way to a loss that graph-cut names are that problem, said
+    once (with the loss): the cut is among the ops the loss was computed from. (By line: in a loop,
+    the loss named and the cut met by the missing gradient may be of different iterations.)"""
+    cuts = [f for f in found if f.kind == "graph-cut"]
+    if not cuts:
+        return found
+    upstream = set()
+    for f in cuts:
+        upstream |= ancestors(trace, f.tids, len(trace.ops))
+    upstream_lines = {(op.location.filename, op.location.line) for op in trace.ops
+                      if op.location is not None and any(t in upstream for t in op.outputs)}
+
+    def line(f):
+        at = f.at if f.at is not None else (f.op.location if f.op is not None else None)
+        return (at.filename, at.line) if at is not None else (None, None)
+
+    return [f for f in found if f.kind != "missing-grad" or line(f) not in upstream_lines]
 
 
 def _claims(trace: TraceData, findings: List[Finding], found: List[Diagnosis], ranks: Dict[int, tuple]):
@@ -92,24 +112,9 @@ def _rules(trace: TraceData, ranks: Dict[int, tuple], findings: List[Finding]) -
 
     saved = rule(inplace._saved_tensor_writes, "saved tensors changed in place (saved-tensor-modified, "
                  "silent-data-mutation)", ranks)
-    cuts = rule(flow.graph_cut, "graphs cut off (graph-cut)")
-    # Parameters starved by a cut on the way to a loss that graph-cut names are that problem, said
-    # once (with the loss): the cut is among the ops the loss was computed from.
-    # (By line: in a loop, the loss named and the cut met by the missing gradient may be of
-    # different iterations.)
-    def starved_by_cuts(trace):
-        upstream = set()
-        for d in cuts:
-            upstream |= ancestors(trace, d.tids, len(trace.ops))
-        upstream_lines = {(op.location.filename, op.location.line) for op in trace.ops
-                          if op.location is not None and any(t in upstream for t in op.outputs)}
-        return [d for d in flow.missing_grad(trace) if (d.filename, d.line) not in upstream_lines]
-
-    missing = rule(starved_by_cuts, "tensors that get no gradient (missing-grad)")
     found = (rule(inplace._leaf_inplace, "in-place changes of leaves (leaf-inplace)") + saved
              + rule(inplace._accumulated_graphs, "accumulated graphs (accumulated-graph)")
              + rule(inplace._retained_history, "graphs run again with retain_graph (accumulated-graph)")
-             + cuts + missing
              + rule(errors.error_kinds, "errors that backward and the ops raised (their kinds)"))
     found += rule(errors.backward_error, "other errors of backward (backward-error)", found + findings, EXPLAINS)
     return found

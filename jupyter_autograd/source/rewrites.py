@@ -260,3 +260,94 @@ def reduced(src: str, name: Optional[str]) -> Optional[str]:
                                          keywords=[])
         return ast.unparse(stmt)
     return None
+
+
+def without_exit(src: str) -> Optional[str]:
+    """`loss = torch.tensor(x.mean().item())` -> `loss = x.mean()`."""
+    tree = parse_fresh(src)
+    if tree is None or len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign):
+        return None
+    value = tree.body[0].value
+    if isinstance(value, ast.Call) and len(value.args) == 1 and ast.unparse(value.func) in (
+            "torch.tensor", "torch.as_tensor", "torch.from_numpy", "torch.Tensor", "torch.FloatTensor"):
+        inner = value.args[0]
+        if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) and inner.func.attr in (
+                "item", "numpy", "tolist") and not inner.args:
+            base = inner.func.value
+            while isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute) and base.func.attr in (
+                    "cpu", "detach", "numpy"):
+                base = base.func.value
+            tree.body[0].value = base
+            return ast.unparse(tree.body[0])
+    return None
+
+
+def rebound_as_leaf(src: str, name: str) -> Optional[str]:
+    """`w = w.type(torch.float)` -> `w = w.type(torch.float).detach().requires_grad_()`: the name then
+    holds a leaf of its own, which backward gives the gradient. In a tuple assignment
+    (`inputs, targets = inputs.float(), targets.long()`), only the value the name gets."""
+    tree = parse_fresh(src)
+    if tree is None or len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign) or len(tree.body[0].targets) != 1:
+        return None
+    stmt = tree.body[0]
+    target = stmt.targets[0]
+
+    def as_leaf(value):
+        detached = ast.Call(func=ast.Attribute(value=value, attr="detach", ctx=ast.Load()), args=[], keywords=[])
+        return ast.Call(func=ast.Attribute(value=detached, attr="requires_grad_", ctx=ast.Load()), args=[],
+                        keywords=[])
+
+    if isinstance(target, (ast.Tuple, ast.List)):
+        values = stmt.value.elts if isinstance(stmt.value, (ast.Tuple, ast.List)) else None
+        at = [i for i, element in enumerate(target.elts) if ast.unparse(element) == name]
+        if values is None or len(values) != len(target.elts) or len(at) != 1:
+            return None
+        values[at[0]] = as_leaf(values[at[0]])
+        return "%s = %s" % (", ".join(map(ast.unparse, target.elts)), ", ".join(map(ast.unparse, values)))
+    return "%s = %s" % (ast.unparse(target), ast.unparse(as_leaf(stmt.value)))
+
+
+def leaf_after_move(src: str, name: str):
+    """A leaf made with requires_grad and then moved, made a leaf after the move: ("parameter", target,
+    line) for `nn.Parameter(x).to(d)` -> `nn.Parameter(x.to(d))` (a Parameter stays one only if made
+    after the move); ("flag", target, line) for `w = torch.randn(3, requires_grad=True).double()` ->
+    `w = torch.randn(3).double().requires_grad_()`. None when the line is no such assignment."""
+    tree = parse_fresh(src)
+    if tree is None or len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign):
+        return None
+    stmt = tree.body[0]
+    target = ast.unparse(stmt.targets[0]) if len(stmt.targets) == 1 else name
+    inside = _moved_into_parameter(stmt.value)
+    if inside is not None:
+        stmt.value = inside
+        return "parameter", target, ast.unparse(stmt)
+    removed = False
+    for node in ast.walk(stmt.value):
+        if isinstance(node, ast.Call):
+            kept = [k for k in node.keywords if k.arg != "requires_grad"]
+            removed = removed or len(kept) != len(node.keywords)
+            node.keywords = kept
+    if not removed:
+        return None
+    stmt.value = ast.Call(func=ast.Attribute(value=stmt.value, attr="requires_grad_", ctx=ast.Load()),
+                          args=[], keywords=[])
+    return "flag", target, ast.unparse(stmt)
+
+
+def _moved_into_parameter(value: ast.expr) -> Optional[ast.expr]:
+    """`nn.Parameter(x, requires_grad=True).to(d, t)` as `nn.Parameter(x.to(d, t), requires_grad=True)`:
+    the methods called on the Parameter, called on what it wraps. None for any other expression."""
+    def is_parameter(node):
+        return isinstance(node, ast.Call) and ast.unparse(node.func).rpartition(".")[2] == "Parameter"
+
+    chain = []
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and not is_parameter(value):
+        chain.append(value)
+        value = value.func.value
+    if not chain or not is_parameter(value) or not value.args:
+        return None
+    wrapped = value.args[0]
+    for call in reversed(chain):
+        wrapped = ast.Call(func=ast.Attribute(value=wrapped, attr=call.func.attr, ctx=ast.Load()), args=call.args,
+                           keywords=call.keywords)
+    return ast.Call(func=value.func, args=[wrapped] + value.args[1:], keywords=value.keywords)
