@@ -487,8 +487,8 @@ _PARTS = [
     ("build", "_locations", "reading the source lines of the ops", ["leaf-inplace", "saved-tensor-modified"]),
     ("build", "_calls", "linking the calls of your modules", ["leaf-inplace", "saved-tensor-modified"]),
     ("build", "_names", "naming the tensors", ["leaf-inplace", "saved-tensor-modified"]),
-    ("inplace", "_leaf_inplace", "the rule for in-place changes of leaves (leaf-inplace)", ["saved-tensor-modified"]),
-    ("inplace", "_saved_tensor_writes", "the rule for saved tensors changed in place",
+    ("rule", "leaf_inplace", "the rule for in-place changes of leaves (leaf-inplace)", ["saved-tensor-modified"]),
+    ("rule", "saved_tensor_writes", "the rule for saved tensors changed in place",
      ["leaf-inplace", "backward-error"]),
     ("rule", "missing_grad", "the rule for tensors that get no gradient", ["leaf-inplace", "saved-tensor-modified"]),
 ]
@@ -498,7 +498,7 @@ _PARTS = [
 def test_a_part_of_the_analysis_that_fails_loses_only_its_own_share_and_says_so(monkeypatch, where, name,
                                                                               warning, kept):
     from jupyter_autograd.capture import build, freeze, graph, mode, tensors
-    from jupyter_autograd.diagnose import inplace, registry
+    from jupyter_autograd.diagnose import registry
 
     torch.manual_seed(0)
     plain = _two_problems()
@@ -506,8 +506,7 @@ def test_a_part_of_the_analysis_that_fails_loses_only_its_own_share_and_says_so(
         monkeypatch.setattr(registry, "RULES", [rule._replace(find=_boom) if rule.find.__name__ == name else rule
                                                 for rule in registry.RULES])
     else:
-        module = {"graph": graph, "tensors": tensors, "mode": mode, "build": build, "freeze": freeze,
-                  "inplace": inplace}[where]
+        module = {"graph": graph, "tensors": tensors, "mode": mode, "build": build, "freeze": freeze}[where]
         monkeypatch.setattr(module, name, _boom) if "." not in name else monkeypatch.setattr(
             getattr(module, name.split(".")[0]), name.split(".")[1], _boom)
     torch.manual_seed(0)

@@ -14,7 +14,7 @@ from ..model import EXPLAINS, PROBLEM_KINDS, Diagnosis, TraceData
 from ..model.queries import ancestors
 from ..source.index import SourceIndex
 from ..source.naming import names_at_culprits
-from . import errors, inplace
+from . import errors
 from .findings import Finding
 from . import registry
 from .wording import worded
@@ -110,11 +110,6 @@ def _rules(trace: TraceData, ranks: Dict[int, tuple], findings: List[Finding]) -
                                   % (kinds, type(exc).__name__, exc))
             return []
 
-    saved = rule(inplace._saved_tensor_writes, "saved tensors changed in place (saved-tensor-modified, "
-                 "silent-data-mutation)", ranks)
-    found = (rule(inplace._leaf_inplace, "in-place changes of leaves (leaf-inplace)") + saved
-             + rule(inplace._accumulated_graphs, "accumulated graphs (accumulated-graph)")
-             + rule(inplace._retained_history, "graphs run again with retain_graph (accumulated-graph)")
-             + rule(errors.error_kinds, "errors that backward and the ops raised (their kinds)"))
+    found = rule(errors.error_kinds, "errors that backward and the ops raised (their kinds)")
     found += rule(errors.backward_error, "other errors of backward (backward-error)", found + findings, EXPLAINS)
     return found
