@@ -1,4 +1,5 @@
-"""The errors PyTorch raises whose message names no line of the user's (diagnose/errors.py).
+"""The errors PyTorch raises whose message names no line of the user's (diagnose/rules/: refused.py,
+raised.py, ddp.py, floor.py).
 
 Each program runs from a file of its own, plain and under capture(): the exception's type and
 message must be the same. Then the diagnosis (kind, culprit line, saved line, tensor), the note

@@ -8,15 +8,15 @@ registered in `registry.py`; the words each reason gets are registered next to i
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import List, Optional
 
-from ..model import EXPLAINS, PROBLEM_KINDS, Diagnosis, TraceData
+from ..model import PROBLEM_KINDS, Diagnosis, TraceData
 from ..model.queries import ancestors
 from ..source.index import SourceIndex
 from ..source.naming import names_at_culprits
-from . import errors
-from .findings import Finding
 from . import registry
+from .findings import Finding
+from .rules.floor import backward_errors
 from .wording import worded
 
 _ORDER = {kind: i for i, kind in enumerate(PROBLEM_KINDS)}
@@ -24,34 +24,29 @@ _ORDER = {kind: i for i, kind in enumerate(PROBLEM_KINDS)}
 
 def diagnose(trace: TraceData, source: Optional[SourceIndex] = None) -> List[Diagnosis]:
     """Every rule, each failing alone: a rule that raises loses its own kind of problem, said in
-    `trace.warnings`, and the others still run. Then each tensor a diagnosis names goes by the
-    expression its culprit line uses for it (source/naming.py), and the findings are worded."""
+    `trace.warnings`, and the others still run. Then each tensor a finding names goes by the
+    expression its culprit line uses for it (source/naming.py), and the findings are worded, in
+    order: by kind; within a kind, leaf writes in the order they ran, saved-tensor problems in the
+    order backward meets them, the rest in the order of their lines."""
     source = source if source is not None else SourceIndex(trace.sources)
-    warnings, notes = list(trace.warnings), list(trace.notes)
     findings = _find(trace, source)
-    found_warnings, found_notes = trace.warnings[len(warnings):], trace.notes[len(notes):]
-    ranks: Dict[int, tuple] = {}
-    found = _rules(trace, ranks, findings)
+    findings.sort(key=lambda f: (_ORDER[f.kind], f.rank, f.op.index if f.op is not None else -1))
     try:
-        renamed = names_at_culprits(trace, source, _claims(trace, findings, found, ranks))
+        renamed = names_at_culprits(trace, source, [_claim(f) for f in findings])
     except Exception as exc:
         trace.warnings.append("reading the names the culprit lines use failed (%s: %s): tensors keep the names "
                               "the block gave them" % (type(exc).__name__, exc))
         renamed = {}
-    if renamed:
-        for tid, name in renamed.items():
-            trace.tensors[tid].name = name
-        trace.warnings[:], trace.notes[:] = warnings + found_warnings, notes + found_notes  # said again by the rules
-        ranks.clear()
-        found = _rules(trace, ranks, findings)
+    for tid, name in renamed.items():
+        trace.tensors[tid].name = name
+    out = []
     for f in findings:
-        d = worded(trace, f)
-        ranks[id(d)] = f.rank
-        found.append(d)
-    # Within a kind: leaf writes in the order they ran; saved-tensor problems in the order backward
-    # meets them; the rest in the order of their lines.
-    found.sort(key=lambda d: (_ORDER[d.kind], ranks.get(id(d), ()), d.op_index if d.op_index is not None else -1))
-    return found
+        try:
+            out.append(worded(trace, f))
+        except Exception as exc:
+            trace.warnings.append("writing the diagnosis of a %s problem failed (%s: %s): it is not shown"
+                                  % (f.kind, type(exc).__name__, exc))
+    return out
 
 
 def _find(trace: TraceData, source: SourceIndex) -> List[Finding]:
@@ -62,7 +57,19 @@ def _find(trace: TraceData, source: SourceIndex) -> List[Finding]:
         except Exception as exc:
             trace.warnings.append("the rule for %s failed (%s: %s): problems of that kind were not looked for"
                                   % (rule.looks_for, type(exc).__name__, exc))
-    return _said_once(trace, found)
+    found = _said_once(trace, found)
+    try:
+        found += backward_errors(trace, source, found)
+    except Exception as exc:
+        trace.warnings.append("the rule for other errors of backward (backward-error) failed (%s: %s): problems of "
+                              "that kind were not looked for" % (type(exc).__name__, exc))
+    return found
+
+
+def _claim(f: Finding):
+    """(culprit op index, culprit line, the tensor it names) of a finding: what names_at_culprits reads."""
+    at = f.at if f.at is not None else (f.op.location if f.op is not None else None)
+    return f.op.index if f.op is not None else None, (at.filename, at.line) if at else None, f.subject
 
 
 def _said_once(trace: TraceData, found: List[Finding]) -> List[Finding]:
@@ -83,33 +90,3 @@ def _said_once(trace: TraceData, found: List[Finding]) -> List[Finding]:
         return (at.filename, at.line) if at is not None else (None, None)
 
     return [f for f in found if f.kind != "missing-grad" or line(f) not in upstream_lines]
-
-
-def _claims(trace: TraceData, findings: List[Finding], found: List[Diagnosis], ranks: Dict[int, tuple]):
-    """(culprit op index, culprit line, named tensor) of every finding and diagnosis, in their order."""
-    keyed = []
-    for f in findings:
-        at = f.at if f.at is not None else (f.op.location if f.op is not None else None)
-        keyed.append(((_ORDER[f.kind], f.rank, f.op.index if f.op is not None else -1),
-                      (f.op.index if f.op is not None else None, (at.filename, at.line) if at else None, f.subject)))
-    for d in found:
-        tid = next((t for t in d.tids if t in trace.tensors and trace.tensor_label(t) == d.tensor), None) \
-            if d.tensor is not None else None
-        keyed.append(((_ORDER[d.kind], ranks.get(id(d), ()), d.op_index if d.op_index is not None else -1),
-                      (d.op_index, (d.filename, d.line), tid)))
-    keyed.sort(key=lambda k: k[0])
-    return [claim for _, claim in keyed]
-
-
-def _rules(trace: TraceData, ranks: Dict[int, tuple], findings: List[Finding]) -> List[Diagnosis]:
-    def rule(find, kinds, *args):
-        try:
-            return find(trace, *args)
-        except Exception as exc:
-            trace.warnings.append("the rule for %s failed (%s: %s): problems of that kind were not looked for"
-                                  % (kinds, type(exc).__name__, exc))
-            return []
-
-    found = rule(errors.error_kinds, "errors that backward and the ops raised (their kinds)")
-    found += rule(errors.backward_error, "other errors of backward (backward-error)", found + findings, EXPLAINS)
-    return found

@@ -1,12 +1,17 @@
-"""The rules, in the order they run. Each is `(trace, source) -> [Finding]` (findings.Rule)."""
+"""The rules, in the order they run. Each is `(trace, source) -> [Finding]` (findings.Rule); what it
+looks for is said in the trace's warnings if it fails. The floor (rules/floor.py) runs after them all:
+it says what no rule explained."""
 from __future__ import annotations
 
 from .findings import Rule
 from .rules.cuts import graph_cut
-from .rules.kept import accumulated_graphs, retained_history
+from .rules.ddp import ddp_ready_twice, ddp_unused_parameters
 from .rules.freed import graph_freed
+from .rules.kept import accumulated_graphs, retained_history
 from .rules.missing import missing_grad
 from .rules.nan import nan_gradient
+from .rules.raised import invalid_gradient, nonscalar_backward, not_differentiable
+from .rules.refused import inference_tensor_saved, nonleaf_requires_grad, view_inplace
 from .rules.writes import leaf_inplace, saved_tensor_writes
 
 RULES = [
@@ -18,4 +23,12 @@ RULES = [
     Rule("graphs cut off (graph-cut)", graph_cut),
     Rule("tensors that get no gradient (missing-grad)", missing_grad),
     Rule("NaN or Inf gradients (nan-gradient)", nan_gradient),
+    Rule("in-place changes of views (view-inplace)", view_inplace),
+    Rule("inference tensors saved for backward (inference-tensor-saved)", inference_tensor_saved),
+    Rule("requires_grad set on non-leaves (nonleaf-requires-grad)", nonleaf_requires_grad),
+    Rule("backward from tensors that are not scalars (nonscalar-backward)", nonscalar_backward),
+    Rule("operations without a derivative (not-differentiable)", not_differentiable),
+    Rule("wrong gradients of custom Functions (invalid-gradient)", invalid_gradient),
+    Rule("parameters DistributedDataParallel waited for (ddp-unused-parameters)", ddp_unused_parameters),
+    Rule("gradients DistributedDataParallel got twice (ddp-ready-twice)", ddp_ready_twice),
 ]
