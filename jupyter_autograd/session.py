@@ -371,9 +371,9 @@ def finish(recorder, namespaces, exc=None, tool_warnings=()):
 
     def analyse() -> TraceData:
         try:
-            trace = build_data()
+            trace, source = build_data()
             _name_source_files(trace)
-            trace.diagnoses = diagnosis.diagnose(trace)
+            trace.diagnoses = diagnosis.diagnose(trace, source)
         except Exception as internal:
             message = "jupyter_autograd could not analyse this block (%s: %s)" % (type(internal).__name__, internal)
             trace = TraceData(error=error, warnings=[message])

@@ -11,6 +11,7 @@ import torch
 
 from ..model import (DATA_SWAP, FREEZE_SETTER, Checkpoint, GraphNode, Location, ModuleCall, OpRecord, SavedSlot,
                      TensorInfo, TraceData)
+from ..source.alignment import Alignment
 from ..source.naming import assignment_targets
 from ..source.index import without_comment
 from . import distributed
@@ -78,11 +79,12 @@ def finish(recorder, namespaces, exc, error, tool_warnings=()):
         frozen = freeze(recorder, namespaces or [])
     error_at = None if exc is None else raised_at(exc)
 
-    def build_data() -> TraceData:
+    def build_data():
+        """(the TraceData, the alignment of its ops with the user's source that naming read)."""
         # Not DisableTorchFunctionSubclass alone: read inside another capture, the build's reads
         # of gradients would be recorded there, at the line that read the trace.
         with torch._C.DisableTorchFunction():
-            trace = build_trace(recorder, frozen, error, error_at)
+            trace, source = build_trace(recorder, frozen, error, error_at)
         trace.warnings.extend(tool_warnings)
         for message, times in recorder.lost_parts.items():
             trace.warnings.append(message if times == 1 else "%s (%d times)" % (message, times))
@@ -108,12 +110,13 @@ def finish(recorder, namespaces, exc, error, tool_warnings=()):
         if graph_snapshot.STACK_RAISED[0] and len(trace.nodes) > graph_snapshot.DEEP_GRAPH:
             trace.notes.append("This graph is deep: to keep PyTorch from crashing when it frees it, the "
                                "process's stack limit was raised from %d to %d bytes." % graph_snapshot.STACK_RAISED[0])
-        return trace
+        return trace, source
 
     return build_data
 
 
-def build_trace(recorder, frozen, error: Optional[str] = None, error_at=None) -> TraceData:
+def build_trace(recorder, frozen, error: Optional[str] = None, error_at=None):
+    """(the TraceData, the alignment of its ops with the user's source, which naming read)."""
     # Tens of thousands of small objects, none of them in a cycle: the cyclic GC would rescan
     # the growing heap again and again while they are made (3x the build time).
     enabled = gc.isenabled()
@@ -121,6 +124,7 @@ def build_trace(recorder, frozen, error: Optional[str] = None, error_at=None) ->
     try:
         trace = TraceData()
         trace.error = error
+        source = Alignment(trace)  # reads trace.sources as the build fills it
         # The ops, tensors and graph are what every diagnosis reads: without one of them nothing is
         # analysed (capture.finish says so). The other parts fail alone, and say what they lost.
         locations = {}
@@ -135,7 +139,7 @@ def build_trace(recorder, frozen, error: Optional[str] = None, error_at=None) ->
                      "is not named by the line that called it", _calls, frozen.user_calls, trace):
             trace.calls = []
         _graph(recorder, trace)
-        if not _part(trace, "naming the tensors", "tensors are described instead of named", _names, trace,
+        if not _part(trace, "naming the tensors", "tensors are described instead of named", _names, trace, source,
                      frozen.names, frozen.variables):
             for info in trace.tensors.values():
                 info.name = None
@@ -147,7 +151,7 @@ def build_trace(recorder, frozen, error: Optional[str] = None, error_at=None) ->
         if recorder.backward.nan_origin is not None:
             backward, key, name, facts = recorder.backward.nan_origin
             trace.nan_origin = {"backward": backward, "node": key, "name": name, "facts": facts}
-        return trace
+        return trace, source
     finally:
         if enabled:
             gc.enable()
@@ -393,9 +397,9 @@ def _graph(recorder, trace):
             trace.nodes[key].saved.append(slot)
 
 
-def _names(trace, found: Dict[int, str], variables: Dict[int, str]):
+def _names(trace, source, found: Dict[int, str], variables: Dict[int, str]):
     found = dict(found)
-    for t_id, name in assignment_targets(trace).items():
+    for t_id, name in assignment_targets(trace, source).items():
         found.setdefault(t_id, name)
     for t_id, info in trace.tensors.items():
         info.name = found.get(t_id)

@@ -12,7 +12,7 @@ from typing import List, Optional
 
 from ..model import PROBLEM_KINDS, Diagnosis, TraceData
 from ..model.queries import ancestors
-from ..source.index import SourceIndex
+from ..source.alignment import Alignment
 from ..source.naming import names_at_culprits
 from . import registry
 from .findings import Finding
@@ -22,13 +22,14 @@ from .wording import worded
 _ORDER = {kind: i for i, kind in enumerate(PROBLEM_KINDS)}
 
 
-def diagnose(trace: TraceData, source: Optional[SourceIndex] = None) -> List[Diagnosis]:
+def diagnose(trace: TraceData, source: Optional[Alignment] = None) -> List[Diagnosis]:
     """Every rule, each failing alone: a rule that raises loses its own kind of problem, said in
     `trace.warnings`, and the others still run. Then each tensor a finding names goes by the
     expression its culprit line uses for it (source/naming.py), and the findings are worded, in
     order: by kind; within a kind, leaf writes in the order they ran, saved-tensor problems in the
-    order backward meets them, the rest in the order of their lines."""
-    source = source if source is not None else SourceIndex(trace.sources)
+    order backward meets them, the rest in the order of their lines. `source`: the user's source as
+    the trace's ops ran it (the build's, so that nothing is read twice)."""
+    source = source if source is not None else Alignment(trace)
     findings = _find(trace, source)
     findings.sort(key=lambda f: (_ORDER[f.kind], f.rank, f.op.index if f.op is not None else -1))
     try:
@@ -49,7 +50,7 @@ def diagnose(trace: TraceData, source: Optional[SourceIndex] = None) -> List[Dia
     return out
 
 
-def _find(trace: TraceData, source: SourceIndex) -> List[Finding]:
+def _find(trace: TraceData, source: Alignment) -> List[Finding]:
     found = []
     for rule in registry.RULES:
         try:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import ast
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from ..model import DATA_SWAP, FREEZE_SETTER, OpRecord, TraceData
+from ..model import DATA_SWAP, FREEZE_SETTER, Location, OpRecord, TraceData
 from .index import SourceIndex
-from .statements import BINARY, COMPARE, UNARY, dotted, element, same_op
+from .statements import BINARY, COMPARE, UNARY, dotted, element, same_op, written_tensor
 
 def outermost_runs(node: ast.AST, op_name: str) -> bool:
     """Whether the expression's outermost operation can be the recorded op (`a + 0.1 * b`: an add;
@@ -41,27 +41,81 @@ BRANCHING = (ast.BoolOp, ast.IfExp, ast.ListComp, ast.SetComp, ast.DictComp, ast
 _READINGS = 64  # consistent readings of one statement beyond which none is taken as certain
 
 
-def same_statement(trace: TraceData, source: SourceIndex, op: OpRecord) -> List[OpRecord]:
-    """The ops around `op` that ran at its statement, one after the other (a statement run again, in a
-    loop or by another call, follows on; ops of any other line end the run). At most as many on each
-    side as a statement of this size can run."""
-    def unit(other: OpRecord):
-        where = other.location
+class Alignment:
+    """The statements of the user's source that a trace's ops ran at, read once for every reader
+    (naming, the names at culprit lines, written expressions, stores): each op's statement (its file,
+    function and first line: a statement written over several lines runs its ops at any of them),
+    the whole text of that statement, and which ops one execution of it ran."""
+
+    def __init__(self, trace: TraceData, index: Optional[SourceIndex] = None):
+        self.trace = trace
+        self.index = index if index is not None else SourceIndex(trace.sources)
+        self._unit_at: Dict[int, Optional[tuple]] = {}  # ops of one line share one Location: its unit is made once
+        self._units: Optional[List[Optional[tuple]]] = None
+        self._written: Dict[str, object] = {}
+
+    def unit(self, op: OpRecord) -> Optional[tuple]:
+        """(file, function, first line of the function, first line of the statement) of the op's
+        statement; None for an op at no line."""
+        where = op.location
         if where is None:
             return None
-        return where.filename, where.function, where.scope, source.first_line(where)
+        found = self._unit_at.get(id(where))
+        if found is None:
+            found = self._unit_at[id(where)] = (where.filename, where.function, where.scope,
+                                                self.index.first_line(where))
+        return found
 
-    mine, limit = unit(op), 64
-    before, after = [], []
-    for i in range(op.index - 1, max(-1, op.index - limit), -1):
-        if unit(trace.ops[i]) != mine:
-            break
-        before.append(trace.ops[i])
-    for i in range(op.index + 1, min(len(trace.ops), op.index + limit)):
-        if unit(trace.ops[i]) != mine:
-            break
-        after.append(trace.ops[i])
-    return before[::-1] + [op] + after
+    def units(self) -> List[Optional[tuple]]:
+        """Per op, its statement's unit, for the ops that take or return a tensor: an op that takes and
+        returns none (a grad-mode switch, the bookkeeping of a compiled function) names nothing and does
+        not end its statement's value."""
+        if self._units is None:
+            self._units = [self.unit(op) if op.inputs or op.outputs else None for op in self.trace.ops]
+        return self._units
+
+    def text(self, where: Location) -> str:
+        return self.index.text(where)
+
+    def same_statement(self, op: OpRecord) -> List[OpRecord]:
+        """The ops around `op` that ran at its statement, one after the other (a statement run again, in a
+        loop or by another call, follows on; ops of any other line end the run). At most as many on each
+        side as a statement of this size can run."""
+        ops, mine, limit = self.trace.ops, self.unit(op), 64
+        before, after = [], []
+        for i in range(op.index - 1, max(-1, op.index - limit), -1):
+            if self.unit(ops[i]) != mine:
+                break
+            before.append(ops[i])
+        for i in range(op.index + 1, min(len(ops), op.index + limit)):
+            if self.unit(ops[i]) != mine:
+                break
+            after.append(ops[i])
+        return before[::-1] + [op] + after
+
+    def made_in_statement(self, at: int, tid: int) -> Optional[OpRecord]:
+        """The op of the statement execution that ends with op `at` which returned tensor `tid`, or None.
+        A statement that calls user code (a module's forward) runs that code's lines in the middle of its
+        own ops: the execution began after the function was last at another statement."""
+        ops, units = self.trace.ops, self.units()
+        unit = units[at]
+        for i in range(at - 1, -1, -1):
+            if units[i] is None:
+                continue
+            if units[i] == unit:
+                if tid in ops[i].outputs:
+                    return ops[i]
+            elif units[i][:3] == unit[:3]:
+                return None  # the function was at another statement before: this execution began after it
+        return None
+
+    def written(self, op: OpRecord) -> Optional[Tuple[int, str]]:
+        """(tid, the user's expression for it) of the tensor op's statement writes in place through one
+        expression, when this op is that write (statements.written_tensor), or None."""
+        if op.location is None:
+            return None
+        return written_tensor(op, self.text(op.location), self._written,
+                              lambda tid: self.made_in_statement(op.index, tid) if self.units()[op.index] else None)
 
 
 def windows(nearby: List[OpRecord], op: OpRecord, size: int) -> Iterator[List[OpRecord]]:

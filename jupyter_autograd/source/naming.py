@@ -10,12 +10,12 @@ import re
 from typing import Dict, List, Optional
 
 from ..model import OpRecord, TraceData
-from .alignment import BRANCHING, Reading, same_statement, windows
-from .index import SourceIndex, parse_statement, without_comment
-from .statements import dotted, dunder, same_op, written_tensor
+from .alignment import BRANCHING, Alignment, Reading, windows
+from .index import parse_statement, without_comment
+from .statements import dotted, dunder, same_op
 from .statements import element as element_expression
 
-def assignment_targets(trace) -> Dict[int, str]:
+def assignment_targets(trace: TraceData, alignment: Alignment) -> Dict[int, str]:
     """Names read off the source: `d = torch.matmul(x, w1)` names the result of the last op that
     ran for that statement; when it is the only op of the statement, its operands name its inputs
     too; an in-place write names the tensor it writes (`self.freq` in `torch.arange(n, out=self.freq)`)."""
@@ -23,7 +23,7 @@ def assignment_targets(trace) -> Dict[int, str]:
     parsed: Dict[str, tuple] = {}
     ops = trace.ops
     tensors = trace.tensors
-    statements = SourceIndex(trace.sources)
+    statements = alignment.index
 
     def give(tid, name, text):
         # A parameter goes by its dotted path, or is described: `self.emb = nn.Embedding(10, 4)` ends
@@ -33,18 +33,7 @@ def assignment_targets(trace) -> Dict[int, str]:
             return
         names.setdefault(tid, name)
 
-    # Each op's statement, as (file, function, first line): a statement written over several lines
-    # runs its ops at any of them. An op that takes and returns no tensor (a grad-mode switch, the
-    # bookkeeping of a compiled function) names nothing and does not end its statement's value.
-    units: List[Optional[tuple]] = [None] * len(ops)
-    unit_at: Dict[int, tuple] = {}  # ops of one line share one Location: its unit is made once
-    for i, op in enumerate(ops):
-        where = op.location
-        if where is not None and (op.inputs or op.outputs):
-            unit = unit_at.get(id(where))
-            if unit is None:
-                unit = unit_at[id(where)] = (where.filename, where.function, where.scope, statements.first_line(where))
-            units[i] = unit
+    units = alignment.units()
     # The next op of the same function: a statement that calls user code (a module's forward written
     # by the user, a forward hook) runs that code's lines in the middle of its own ops, so its last
     # op is the last before the function moves to another statement, not before any other line.
@@ -79,7 +68,7 @@ def assignment_targets(trace) -> Dict[int, str]:
         if constructor is not None and statements.facts(op.location.filename).is_class(constructor):
             target = element = None  # `dist = Categorical(logits=...)` is the object, not the last op's tensor
         if op.writes or op.error is not None:
-            written = written_tensor(op, text, parsed, lambda tid: _made_in_statement(ops, units, i, tid))
+            written = alignment.written(op)
             if written is not None:
                 names.setdefault(*written)
         starts = calls_from.get(unit)
@@ -128,20 +117,6 @@ def assignment_targets(trace) -> Dict[int, str]:
 
 
 _MAKES_PARAMETER = re.compile(r"\bParameter\s*\(")
-
-
-def _made_in_statement(ops, units, at: int, tid: int):
-    """The op of the statement execution that ends with op `at` which returned tensor `tid`, or None."""
-    unit = units[at]
-    for i in range(at - 1, -1, -1):
-        if units[i] is None:
-            continue
-        if units[i] == unit:
-            if tid in ops[i].outputs:
-                return ops[i]
-        elif units[i][:3] == unit[:3]:
-            return None  # the function was at another statement before: this execution began after it
-    return None
 
 
 def _call_target(text: str, first_line: int, indent: int, span) -> Optional[object]:
@@ -334,7 +309,7 @@ def construction(text: str, columns) -> tuple:
     return None, None
 
 
-def names_at_culprits(trace: TraceData, source: SourceIndex, claims) -> Dict[int, str]:
+def names_at_culprits(trace: TraceData, alignment: Alignment, claims) -> Dict[int, str]:
     """tid -> the expression a culprit line uses for the tensor a diagnosis names, where that is
     certain and goes before the tensor's name. `claims`: (culprit op index, (filename, line) of the
     culprit line, tid), in the diagnoses' order: the first to name a tensor decides. A culprit placed
@@ -349,24 +324,23 @@ def names_at_culprits(trace: TraceData, source: SourceIndex, claims) -> Dict[int
         info = trace.tensors[tid]
         if info.is_parameter or info.by_variable:
             continue
-        name = spelled(trace, source, op, tid)
+        name = spelled(trace, alignment, op, tid)
         if name is None or name == info.name or (info.name is not None and name.isidentifier()):
             continue
         renamed[tid] = name
     return renamed
 
 
-def spelled(trace: TraceData, source: SourceIndex, op: OpRecord, tid: int) -> Optional[str]:
+def spelled(trace: TraceData, alignment: Alignment, op: OpRecord, tid: int) -> Optional[str]:
     """The expression op's statement uses for tensor `tid`, which the op wrote, made or took, when
     certain; else None."""
-    text = source.text(op.location)
+    text = alignment.text(op.location)
     tree = parse_statement(text)
     if tree is None or len(tree.body) != 1 or any(isinstance(node, BRANCHING) for node in ast.walk(tree)):
         return None
     stmt = tree.body[0]
-    nearby = same_statement(trace, source, op)
-    written = written_tensor(op, text, {}, lambda t: next((o for o in reversed(nearby) if o.index < op.index
-                                                            and t in o.outputs), None))
+    nearby = alignment.same_statement(op)
+    written = alignment.written(op)
     if written is not None and written[0] == tid:
         return written[1]
     reading = Reading(stmt, text)

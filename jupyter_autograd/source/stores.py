@@ -14,9 +14,8 @@ import json
 from typing import Iterator, List, Optional, Tuple
 
 from .rewrites import without_graph
-from ..model import Location, TraceData
-from .alignment import outermost_runs
-from .index import SourceIndex
+from ..model import Location
+from .alignment import Alignment, outermost_runs
 
 # Calls that add their argument to a container (list, deque, set) without replacing what it holds.
 _ADDING = {"append": 0, "appendleft": 0, "add": 0, "insert": 1}
@@ -24,7 +23,7 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 _DEPTH = 3  # helpers passing the tensor on to helpers
 
 
-def storing_line(trace: TraceData, made_at: Location, name: Optional[str],
+def storing_line(alignment: Alignment, made_at: Location, name: Optional[str],
                  op_name: str = "") -> Optional[Tuple[Location, str, str]]:
     """The one statement that adds the tensor `name`, made at `made_at`, to a container: in the
     function that made it, whose only binding of `name` is that line, in a function of the user's
@@ -35,7 +34,8 @@ def storing_line(trace: TraceData, made_at: Location, name: Optional[str],
     it. None where there is no such statement, or more than one. With it, the statement as it would
     keep the tensor without its graph (`.detach()`; "" where what is stored holds the tensor) and
     the tensor as the statement reaches it (`h.clone()`, `output["loss"]`), where it is one line."""
-    trees = _parsed(trace)
+    trace = alignment.trace
+    trees = _parsed(alignment)
     found = _stored_from(trees, made_at.filename, made_at.line, name, _DEPTH, op_name=op_name)
     if not found or len(found) != 1:
         return None
@@ -60,13 +60,13 @@ def storing_line(trace: TraceData, made_at: Location, name: Optional[str],
     return where, detached, stored
 
 
-def handed_loop_values(trace: TraceData, location: Optional[Location]) -> frozenset:
+def handed_loop_values(alignment: Alignment, location: Optional[Location]) -> frozenset:
     """The parameters of the function of this line that a call of it, in the user's files, fills with
     the elements of a container it loops over (`for k, v in logs.items(): meter.update(v)`): a container
     may hold Python numbers and tensors alike, so such a value is not known to be a tensor."""
     if location is None:
         return frozenset()
-    trees = _parsed(trace)
+    trees = _parsed(alignment)
     tree = trees.get(location.filename)
     return _handed_loop_values(trees, _innermost_scope(tree, location.line)) if tree is not None else frozenset()
 
@@ -204,8 +204,8 @@ def _only_assigned_call(trees: dict, function: ast.AST) -> Optional[Tuple[str, i
     return sites[0] if len(sites) == 1 else None
 
 
-def _parsed(trace: TraceData) -> dict:
-    return dict(SourceIndex(trace.sources).trees())
+def _parsed(alignment: Alignment) -> dict:
+    return dict(alignment.index.trees())
 
 
 def _innermost_scope(tree: ast.AST, line: int) -> ast.AST:

@@ -12,7 +12,8 @@ from typing import Dict, List, Optional, Tuple
 
 from ...model import OpRecord, TraceData
 from ...model.queries import ancestors
-from ...source.index import SourceIndex, parse_fresh, parse_statement
+from ...source.alignment import Alignment
+from ...source.index import parse_fresh, parse_statement
 from ...source.rewrites import without_graph
 from ...source.stores import handed_loop_values, storing_line
 from ..findings import Finding, Words
@@ -39,13 +40,13 @@ def accumulated_graphs(trace: TraceData, source) -> List[Finding]:
     chains = _SideChains(trace)
     found = {}
     for chain in chains.growing():
-        f = _linked(trace, chains, chain)
+        f = _linked(trace, source, chains, chain)
         key = _line(f.op.location)
         if key in found:
             found[key].tids = tuple(dict.fromkeys(found[key].tids + f.tids))
         else:
             found[key] = f
-    kept = _kept_apart(trace, chains)
+    kept = _kept_apart(trace, source, chains)
     if kept is not None:
         key = _line(kept.at if kept.at is not None else kept.op.location)
         if key not in found:
@@ -62,7 +63,7 @@ def _claim(trace: TraceData, tids, name: str) -> Optional[int]:
     return next((t for t in tids if t in trace.tensors and trace.tensor_label(t) == name), None)
 
 
-def _linked(trace: TraceData, chains: "_SideChains", chain: int) -> Finding:
+def _linked(trace: TraceData, source: Alignment, chains: "_SideChains", chain: int) -> Finding:
     op = chains.grew[chain][0 if chains.by_updates else 1] or trace.ops[chains.last[chain][0]]
     _, held = chains.steps(chains.last[chain])
     link = chains.link[chain]
@@ -70,7 +71,8 @@ def _linked(trace: TraceData, chains: "_SideChains", chain: int) -> Finding:
     tids = tuple(t for t in (op.outputs[:1] + (linked,)) if t is not None)
     name = _assigned_name(trace, op) or trace.tensor_label(op.outputs[0] if op.outputs else None)
     return Finding("accumulated-graph", "linked", op=op, subject=_claim(trace, tids, name), tids=tids,
-                   node_key=op.node, facts={"held": held, "linked": linked})
+                   node_key=op.node, facts={"held": held, "linked": linked,
+                                            "handed": handed_loop_values(source, op.location)})
 
 
 @words("linked")
@@ -86,7 +88,7 @@ def _linked_words(trace: TraceData, f: Finding) -> Words:
     source = op.location.source if op.location else ""
     fix = accumulation_fix(source, linked_name)
     if REPLACE not in fix:
-        detached = _detached_value(source, handed_loop_values(trace, op.location))
+        detached = _detached_value(source, f.facts["handed"])
         if detached:
             fix = ("Keep the accumulated value without the graphs it links. %s\n%s\n"
                    "(or accumulate a Python number, `.item()`, if nothing reads it as a tensor)."
@@ -94,7 +96,7 @@ def _linked_words(trace: TraceData, f: Finding) -> Words:
     return Words(message, fix, name)
 
 
-def _kept_apart(trace: TraceData, chains: "_SideChains") -> Optional[Finding]:
+def _kept_apart(trace: TraceData, source: Alignment, chains: "_SideChains") -> Optional[Finding]:
     """Tensors each holding a backpropagated graph, kept past later backward calls (trace.kept), made
     again and again by the same code: at each backward call (and at the end), the steps before the
     current one whose graphs the kept tensors of one line still hold. Growing: the most ever held, two
@@ -147,7 +149,7 @@ def _kept_apart(trace: TraceData, chains: "_SideChains") -> Optional[Finding]:
         if peak <= before or not peak:
             continue
         last_made = max(kept, key=lambda entry: makers[entry[0]].index)[0]
-        stored = _stored_at(trace, makers[last_made], last_made)
+        stored = _stored_at(source, makers[last_made])
         # One earlier graph kept is a previous loss, unless each iteration's tensor goes into one
         # container (two iterations of `history.append(loss)`) that, if still alive at the end, holds
         # two graphs or more then.
@@ -169,7 +171,7 @@ def _kept_apart(trace: TraceData, chains: "_SideChains") -> Optional[Finding]:
     group = [t_id for t_id, first, last, bits in kept if first <= i <= last and bits & ((1 << current[i]) - 1)]
     t_id = max(group, key=lambda t: makers[t].index)
     op = makers[t_id]
-    stored, detached, stored_as = _stored_at(trace, op, t_id) or (None, "", "")
+    stored, detached, stored_as = _stored_at(source, op) or (None, "", "")
     assigned = _assigned_name(trace, op)
     name = trace.tensors[t_id].name or assigned or stored_as or trace.tensor_label(t_id)
     facts = {"kept": t_id, "peak": peak, "point": points[i], "stored": stored, "detached": detached,
@@ -245,7 +247,8 @@ def retained_history(trace: TraceData, source) -> List[Finding]:
         out.append(Finding("accumulated-graph", "retained", op=op, saved=ops[runs[-1]],
                            subject=_claim(trace, op.outputs[:1], label), tids=op.outputs[:1],
                            node_key=first_node if first_node in nodes else first_key,
-                           facts={"first": ops[first_op], "runs": len(runs), "taken_in": taken_in}))
+                           facts={"first": ops[first_op], "runs": len(runs), "taken_in": taken_in,
+                                  "state_read": _read_state(source, op)}))
     return out
 
 
@@ -263,7 +266,7 @@ def _retained_words(trace: TraceData, f: Finding) -> Words:
             label, where(facts["first"]).replace("Line", "line", 1), facts["runs"], line_ref(last_backward)))
     # What the next iteration takes in: where the line reads it (`self.prev`), else its name.
     state = trace.tensors.get(facts["taken_in"])
-    state = _read_state(trace, op) or (state.name if state is not None and state.name else name)
+    state = facts["state_read"] or (state.name if state is not None and state.name else name)
     if state and _is_expression(state):
         fix = ("%s detach the carried state at the start of each iteration (truncated backpropagation "
                "through time), so each backward runs only its own iteration's graph:\n%s\n"
@@ -458,10 +461,10 @@ def _detached_value(source: str, arguments=frozenset()) -> Optional[str]:
         return None
     return without_graph(text[:-len(value)], value, "", arguments) or None
 
-def _stored_at(trace: TraceData, op: OpRecord, t_id: int):
-    """The statement that adds the tensor to a container (stores.storing_line), by the name the
+def _stored_at(source: Alignment, op: OpRecord):
+    """The statement that adds the tensor op made to a container (stores.storing_line), by the name the
     line that made it assigns."""
-    return storing_line(trace, op.location, _assigned_name(trace, op), op.name) if op.location is not None else None
+    return storing_line(source, op.location, _assigned_name(source.trace, op), op.name) if op.location is not None else None
 
 def _held_steps(kept: List[tuple], current: List[int]) -> List[int]:
     """Per point, how many steps before the current one the kept tensors alive there hold graphs of.
@@ -498,7 +501,7 @@ def _bit_positions(bits: int) -> List[int]:
         bits ^= low
     return out
 
-def _read_state(trace: TraceData, op: OpRecord) -> Optional[str]:
+def _read_state(source: Alignment, op: OpRecord) -> Optional[str]:
     """The one attribute or element the line reads that the file also assigns (`self.prev` in
     `h = torch.tanh(z + self.prev)`, with `self.prev = h` elsewhere): where the state is kept between
     iterations."""
@@ -507,7 +510,7 @@ def _read_state(trace: TraceData, op: OpRecord) -> Optional[str]:
     line = parse_statement(op.location.source)
     if line is None:
         return None
-    whole = SourceIndex(trace.sources).tree(op.location.filename)
+    whole = source.index.tree(op.location.filename)
     if whole is None:
         return None
     kinds = (ast.Attribute, ast.Subscript)

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 from ...model import Checkpoint, Location, OpRecord, TraceData
 from ...model.queries import FunctionCalls, ancestors, engine_order, exit_before, first_use, is_exit, \
     made_from_values, stops_after
-from ...source.index import SourceIndex
+from ...source.alignment import Alignment
 from ...source.rewrites import leaf_after_move, rebound_as_leaf, without_exit
 from ..findings import Finding, Words
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, code, starved_fix, where
@@ -43,7 +43,7 @@ def _ran_backward(trace: TraceData) -> List[OpRecord]:
 
 # -- replaced-parameter -----------------------------------------------------------------------------
 
-def _replaced_parameters(trace: TraceData, source: SourceIndex) -> List[Finding]:
+def _replaced_parameters(trace: TraceData, source: Alignment) -> List[Finding]:
     """A parameter an optimizer holds that its module no longer holds at the end, because another
     parameter, which the optimizer does not hold, took its place in the forward (the same operand of
     the same op: `self.mask = nn.Parameter(new)` after the optimizer was built): from then on the old
@@ -89,12 +89,12 @@ def _replaced(trace: TraceData, f: Finding) -> Words:
     return Words(message, fix, named)
 
 
-def _assignment_between(trace: TraceData, source: SourceIndex, attr: str, after: int, before: int) -> Optional[Location]:
+def _assignment_between(trace: TraceData, source: Alignment, attr: str, after: int, before: int) -> Optional[Location]:
     """The last statement assigning an attribute `attr` (`self.mask = ...`, `model.mask = ...`) in a
     function that ran ops between op indices `after` and `before`."""
     ran = {(op.location.filename, op.location.scope) for op in trace.ops[after + 1:before] if op.location}
     found = None
-    for filename, tree in source.trees():
+    for filename, tree in source.index.trees():
         for function in ast.walk(tree):
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
