@@ -105,13 +105,20 @@ class SourceIndex:
     """The source files of one trace (`trace.sources`, which the build fills as it meets files), their
     trees and facts, and the statements ops ran at."""
 
-    __slots__ = ("sources",)
+    __slots__ = ("sources", "_texts")
 
     def __init__(self, sources: Dict[str, List[str]]):
         self.sources = sources
+        self._texts: Dict[str, str] = {}  # a file's lines as one text, joined once (its hash then computed once)
 
     def _text(self, filename: str) -> str:
-        return "".join(self.sources.get(filename) or ())
+        text = self._texts.get(filename)
+        if text is None:
+            lines = self.sources.get(filename)
+            if not lines:
+                return ""
+            text = self._texts[filename] = "".join(lines)
+        return text
 
     def tree(self, filename: str) -> Optional[ast.Module]:
         """The file's syntax tree (shared: read only), or None when it does not parse."""
