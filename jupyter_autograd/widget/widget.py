@@ -307,7 +307,7 @@ class AutogradWidget(anywidget.AnyWidget):
         rows = [["grad_fn", node.name],
                 ["created by", "%s: %s" % (self._line_of(op), op.location.source if op.location else op.name)
                  if op else "(outside the block)"]]
-        shape = layout._node_shape(trace, key)
+        shape = layout.node_shape(trace, key)
         if shape:
             rows.append(["gradient shape", shape])
         if node.variable is not None:
