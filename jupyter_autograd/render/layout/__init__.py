@@ -18,7 +18,15 @@ static SVG and PNG). It holds:
   never behind one (the dummy nodes of a Sugiyama layout);
 - core and path: what the first view must show (the nodes a diagnosis is about) and the way from
   there to the root; `first_view` says where the view starts for a pane of a given size, as
-  widget.js computes it.
+  widget.js computes it;
+- geometry (one copy, sizes.py): the size of every item and box (closed; its title's width open;
+  room for a module's gradient-health bar), the rows each box's layers wrap into, and the numbers
+  the front end places and draws with. widget.js has no sizing rules of its own: `place`
+  (geometry.py) and its JavaScript twin put these sizes in rows the same way.
+
+The modules: scene (the data and its wire format), labels (the words on things), build (a trace's
+scene), grouping (boxes, chunks, focus, layers), sizes (the geometry's rules), geometry
+(placement), view (the first view). They import only ..model (and networkx).
 
 Runs of three or more nodes that one line of the user's code made outside any module
 (`loss = F.cross_entropy(logits[:, :-1].reshape(-1, V), ...)`) share a box named by that line,
@@ -38,38 +46,26 @@ the iteration whose loss it used.
 from __future__ import annotations
 
 from .build import build_scene, iteration_of, iteration_starts, lay_out
-from .geometry import (BOX_H, CHAR_W, GAP_X, GAP_Y, HEADER_H, MAX_W, MIN_W, NODE_H, PAD, ROUTE_W, ROW_GAP,
-                       ROW_MAX, Placed, Placement, edge_points, place, route_of, rows_of, stand_map, text_width)
+from .geometry import Placed, Placement, edge_points, place, route_of, stand_map
 from .grouping import FIRST_VIEW_ITEMS, LINE_BOX_MIN, layer_box
 from .labels import MAX_CHARS, block_file, clip, line_labeller, main_file, node_shape
-from .scene import EAGER_ITEMS, FOLD, MAX_CHILDREN, ROOT, ROUTE, Box, Item, Scene, children_of, write_id
-from .view import MARGIN, MINIMAP_H, MINIMAP_INSET, MINIMAP_W, READABLE_ZOOM, SMALLEST_FONT, first_view
+from .scene import EAGER_ITEMS, FOLD, MAX_CHILDREN, ROOT, ROUTE, Box, Item, Scene, children_of, rows_of, write_id
+from .sizes import (BADGE_ZONE, BOX_H, FIT_MIN_ZOOM, GAP_X, GAP_Y, HEADER_H, MARGIN, MIN_W, MINIMAP_H, MINIMAP_INSET,
+                    MINIMAP_W, NODE_H, PAD, READABLE_ZOOM, ROUTE_W, ROW_MAX, SMALLEST_FONT, box_sizes, front_end,
+                    node_size, text_px)
+from .view import first_view, snap, uncut
 
 __all__ = [
     "build_scene",
     "iteration_of",
     "iteration_starts",
     "lay_out",
-    "BOX_H",
-    "CHAR_W",
-    "GAP_X",
-    "GAP_Y",
-    "HEADER_H",
-    "MAX_W",
-    "MIN_W",
-    "NODE_H",
-    "PAD",
-    "ROUTE_W",
-    "ROW_GAP",
-    "ROW_MAX",
     "Placed",
     "Placement",
     "edge_points",
     "place",
     "route_of",
-    "rows_of",
     "stand_map",
-    "text_width",
     "FIRST_VIEW_ITEMS",
     "LINE_BOX_MIN",
     "layer_box",
@@ -88,12 +84,30 @@ __all__ = [
     "Item",
     "Scene",
     "children_of",
+    "rows_of",
     "write_id",
+    "BADGE_ZONE",
+    "BOX_H",
+    "FIT_MIN_ZOOM",
+    "GAP_X",
+    "GAP_Y",
+    "HEADER_H",
     "MARGIN",
+    "MIN_W",
     "MINIMAP_H",
     "MINIMAP_INSET",
     "MINIMAP_W",
+    "NODE_H",
+    "PAD",
     "READABLE_ZOOM",
+    "ROUTE_W",
+    "ROW_MAX",
     "SMALLEST_FONT",
+    "box_sizes",
+    "front_end",
+    "node_size",
+    "text_px",
     "first_view",
+    "snap",
+    "uncut",
 ]

@@ -11,16 +11,21 @@ from ...model.queries import is_cut, node_at
 from .grouping import boxes_of, eager, focus_of, layer_box
 from .labels import (MAX_CHARS, clip, line_labeller, main_file, node_shape, saved_state, shape_of,
                      short_label, short_name)
+from .sizes import size_all
 from .scene import EAGER_ITEMS, FOLD, MAX_CHILDREN, Item, Scene, write_id
 
 
-def build_scene(trace: TraceData, max_children: int = MAX_CHILDREN, eager_items: int = EAGER_ITEMS) -> Scene:
-    """The scene of one trace, with the boxes of the first view laid out (others on request)."""
+def build_scene(trace: TraceData, max_children: int = MAX_CHILDREN, eager_items: int = EAGER_ITEMS,
+                badges: Iterable[str] = ()) -> Scene:
+    """The scene of one trace, with the boxes of the first view laid out (others on request).
+
+    `badges`: the modules (by name) with gradient-health data, whose boxes carry its bar."""
     scene = Scene(total_nodes=len(trace.nodes))
     keys, lo, hi, folded = _iteration(trace)
     scene.shown_nodes = len(keys)
     _items(trace, scene, keys, lo, folded)
     boxes_of(trace, scene, max_children)
+    size_all(scene.items.values(), scene.boxes.values(), badges)
     focus_of(trace, scene)
     laid = eager(scene, eager_items)
     lift_edges = scene.lifted_edges()

@@ -1,16 +1,18 @@
-"""Geometry: the size of everything drawn and where it goes with some boxes open."""
+"""Placement: where everything shown goes with some boxes open, from the sizes the scene carries
+(sizes.py). widget.js's `place` is this function written in JavaScript, over the same sizes and
+rows (tests/test_browser_view.py compares what it draws with what this places).
+
+A box's children go in rows (its layers, wrapped at ROW_MAX), each row centred in the box, GAP_X
+between things and GAP_Y between rows; a row is as tall as its tallest thing. A closed box or an
+item has the size the scene gives it; an open box is its title bar (HEADER_H) over its contents
+with PAD around them, and as wide as the wider of its contents and its title."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Tuple
 
-from .scene import ROOT, ROUTE, Scene
-
-# Geometry shared by the static drawings (draw.py); widget.js uses the same numbers.
-NODE_H, BOX_H, HEADER_H, PAD = 36, 40, 22, 10
-GAP_X, GAP_Y, ROW_GAP, ROW_MAX = 16, 30, 12, 8
-CHAR_W, MIN_W, MAX_W, MAX_CHARS = 7.0, 64, 250, 34
-ROUTE_W = 8              # the width a route point takes in its row
+from .scene import ROOT, ROUTE, Scene, rows_of
+from .sizes import GAP_X, GAP_Y, HEADER_H, PAD, ROUTE_W
 
 
 @dataclass(slots=True)
@@ -38,33 +40,18 @@ class Placement:
         return {p.id: p for p in self.placed}
 
 
-def text_width(label: str, sub: str = "") -> float:
-    return max(MIN_W, min(MAX_W, max(len(label) * CHAR_W, len(sub) * CHAR_W * 0.9) + 20))
-
-
-def rows_of(layers: List[List[str]]) -> List[List[str]]:
-    """A layer wider than ROW_MAX things wraps into rows; route points do not count."""
-    rows: List[List[str]] = []
-    for layer in layers:
-        row: List[str] = []
-        count = 0
-        for c in layer:
-            real = not c.startswith(ROUTE)
-            if real and count == ROW_MAX:
-                rows.append(row)
-                row, count = [], 0
-            row.append(c)
-            count += real
-        rows.append(row)
-    return rows
-
-
 def place(scene: Scene, opened: Iterable[str]) -> Placement:
     """Positions of what shows with `opened` boxes open."""
     opened = set(opened)
     out: List[Placed] = []
     lanes: Dict[str, Tuple[float, float, float]] = {}
     sizes: Dict[str, Tuple[float, float]] = {}
+    rows: Dict[str, List[List[str]]] = {}
+
+    def rows_in(box: str) -> List[List[str]]:
+        if box not in rows:
+            rows[box] = rows_of(scene.layers.get(box, []))
+        return rows[box]
 
     def size(x: str) -> Tuple[float, float]:
         if x in sizes:
@@ -73,27 +60,26 @@ def place(scene: Scene, opened: Iterable[str]) -> Placement:
             s = (ROUTE_W, 0.0)
         elif x in scene.items:
             it = scene.items[x]
-            s = (text_width(it.label, it.sub), NODE_H)
+            s = (it.w, it.h)
         elif x in opened and x in scene.layers:
             w, h = content(x)
-            b = scene.boxes[x]
-            s = (max(w + 2 * PAD, text_width(b.label + "  " + b.sub)), h + HEADER_H + 2 * PAD)
+            s = (max(w + 2 * PAD, scene.boxes[x].title_w), h + HEADER_H + 2 * PAD)
         else:
             b = scene.boxes[x]
-            s = (text_width(b.label + " +", b.sub), BOX_H)
+            s = (b.w, b.h)
         sizes[x] = s
         return s
 
     def content(box: str) -> Tuple[float, float]:
         width, height = 0.0, 0.0
-        for r in rows_of(scene.layers.get(box, [])):
+        for r in rows_in(box):
             width = max(width, sum(size(c)[0] for c in r) + GAP_X * (len(r) - 1))
             height += max(size(c)[1] for c in r) + GAP_Y
         return width, max(0.0, height - GAP_Y)
 
     def put(box: str, x0: float, y0: float, width: float) -> None:
         y = y0
-        for r in rows_of(scene.layers.get(box, [])):
+        for r in rows_in(box):
             row_w = sum(size(c)[0] for c in r) + GAP_X * (len(r) - 1)
             row_h = max(size(c)[1] for c in r)
             x = x0 + (width - row_w) / 2

@@ -6,13 +6,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
+from .sizes import ROW_MAX, edge_label_width, front_end
+
 MAX_CHILDREN = 40        # children of one box before its contents are chunked
-FIRST_VIEW_ITEMS = 10    # the model's own levels open by themselves up to this many things shown
 EAGER_ITEMS = 3000       # items laid out before the first screen; deeper boxes on request
 ROOT = ""                # the id of the outermost box (the cell itself)
 FOLD = "fold"            # the item standing for the iterations not shown
-
-LINE_BOX_MIN = 3         # nodes one line made outside modules before they share a box
 ROUTE = "~"              # the prefix of route points' ids
 
 
@@ -29,6 +28,8 @@ class Item:
     line: int = 0          # the line in the user's file that made it, 0 when elsewhere
     shape: str = ""        # the shape of what it made: edges into it carry a gradient of that shape
     where: Tuple[str, int] = ("", 0)  # the file and line that made it
+    w: float = 0.0         # its size (sizes.node_size)
+    h: float = 0.0
 
 
 @dataclass(slots=True)
@@ -43,6 +44,10 @@ class Box:
     children: List[str] = field(default_factory=list)
     count: int = 0         # items inside, at any depth
     lines: Tuple[int, int] = (0, 0)  # first and last line of the user's file inside (chunks)
+    badge: bool = False    # a module with gradient-health data: its bar is drawn on the box
+    w: float = 0.0         # its size closed, and the width of its title open (sizes.box_sizes)
+    h: float = 0.0
+    title_w: float = 0.0
 
 
 @dataclass
@@ -141,7 +146,12 @@ class Scene:
 
     # -- what the front end receives -------------------------------------------------------------
     def to_json(self, laid_out: Optional[Iterable[str]] = None) -> Dict:
-        """Plain lists for the synced trait (small: short keys, one list per thing)."""
+        """Plain lists for the synced trait (small: short keys, one list per thing).
+
+        The geometry comes with them (sizes.py): each item's width and height, each box's size
+        closed, its title's width open and whether it has a gradient-health bar, the rows of each
+        box laid out (its layers wrapped), the width of the shape written on each edge, and the
+        numbers the front end places and draws with (`geometry`)."""
         laid = set(self.layers if laid_out is None else laid_out)
         sent_boxes = [b for b in self.boxes.values() if b.parent in laid]
         sent_items = [x for x in self.items.values() if x.parent in laid]
@@ -152,18 +162,20 @@ class Scene:
             if a is None or b is None or a == b or (a, b) in seen:
                 continue
             seen.add((a, b))
-            edges.append([a, b, kind, self.items[v].shape if v in self.items else ""])
+            shape = self.items[v].shape if v in self.items else ""
+            edges.append([a, b, kind, shape, edge_label_width(shape)])
         return {
-            "items": [[x.id, x.kind, x.label, x.sub, x.parent, x.name, int(x.problem)] for x in sent_items],
-            "boxes": [[b.id, b.kind, b.label, b.sub, b.parent, b.name, b.count, int(b.id in laid)]
-                      for b in sent_boxes],
-            "layers": {b: self.layers[b] for b in laid if b in self.layers},
+            "items": [[x.id, x.kind, x.label, x.sub, x.parent, x.name, int(x.problem), x.w, x.h] for x in sent_items],
+            "boxes": [[b.id, b.kind, b.label, b.sub, b.parent, b.name, b.count, int(b.id in laid), b.w, b.h, b.title_w,
+                       int(b.badge)] for b in sent_boxes],
+            "rows": {b: rows_of(self.layers[b]) for b in laid if b in self.layers},
             "routes": {b: self.routes[b] for b in laid if self.routes.get(b)},
             "edges": edges,
             "open": [b for b in self.open if b in laid],
             "core": list(self.core), "focus": list(self.focus), "path": list(self.path), "note": self.note,
             "names": [[name, target] for name, target in self.names.items()],
             "problems": [list(p) for p in self.problems],
+            "geometry": front_end(),
         }
 
     def _deepest_sent(self, x: str, sent: Set[str]) -> Optional[str]:
@@ -182,3 +194,20 @@ def children_of(scene: Scene, box: str) -> List[str]:
     if box:
         return scene.boxes[box].children
     return scene._root_children()
+
+
+def rows_of(layers: List[List[str]]) -> List[List[str]]:
+    """A layer wider than ROW_MAX things wraps into rows; route points do not count."""
+    rows: List[List[str]] = []
+    for layer in layers:
+        row: List[str] = []
+        count = 0
+        for c in layer:
+            real = not c.startswith(ROUTE)
+            if real and count == ROW_MAX:
+                rows.append(row)
+                row, count = [], 0
+            row.append(c)
+            count += real
+        rows.append(row)
+    return rows
