@@ -91,7 +91,14 @@ function parseScene(raw) {
 function snap(want, lo, hi, size, spans, floor, clear, room) {
   const near = spans.map(([a, b]) => [a - clear, b + clear]);
   const cuts = near.concat(near.map(([a, b]) => [a - size, b - size]));
-  const cut = (c) => cuts.reduce((n, [a, b]) => n + (a < c && c < b ? 1 : 0), 0);
+  const starts = cuts.map((c) => c[0]).sort((p, q) => p - q), ends = cuts.map((c) => c[1]).sort((p, q) => p - q);
+  // how many (a, b) hold c: those starting before it less those ended by it (binary searches)
+  const below = (list, c, orEqual) => {
+    let l = 0, h = list.length;
+    while (l < h) { const m = (l + h) >> 1; if (list[m] < c || (orEqual && list[m] === c)) l = m + 1; else h = m; }
+    return l;
+  };
+  const cut = (c) => below(starts, c, false) - below(ends, c, true);
   const byDistance = (p, q) => Math.abs(p - want) - Math.abs(q - want) || p - q;
   function candidates(l, h) {
     l = Math.max(l, floor);

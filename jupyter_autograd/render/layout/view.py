@@ -9,6 +9,7 @@ out of it), the core staying inside.
 """
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Iterable, List, Optional, Sequence, Tuple
 
@@ -116,9 +117,10 @@ def snap(want: float, lo: float, hi: float, size: float, spans: List[Tuple[float
     must hold, without the margin); else, there, the point that cuts the fewest spans."""
     cuts = [(a - CUT_MARGIN, b + CUT_MARGIN) for a, b in spans]
     cuts += [(a - size, b - size) for a, b in cuts]
+    starts, ends = sorted(a for a, _ in cuts), sorted(b for _, b in cuts)
 
-    def cut(c: float) -> int:
-        return sum(1 for a, b in cuts if a < c < b)
+    def cut(c: float) -> int:  # how many (a, b) hold c: those starting before it less those ended by it
+        return bisect.bisect_left(starts, c) - bisect.bisect_right(ends, c)
 
     def candidates(lo: float, hi: float) -> List[float]:
         lo = max(lo, floor)
