@@ -12,7 +12,7 @@ from .grouping import boxes_of, eager, focus_of, layer_box
 from .labels import (MAX_CHARS, clip, line_labeller, main_file, node_shape, saved_state, shape_of,
                      short_label, short_name)
 from .sizes import size_all
-from .scene import EAGER_ITEMS, FOLD, MAX_CHILDREN, Item, Scene, write_id
+from .scene import EAGER_ITEMS, FOLD, MAX_CHILDREN, Item, Scene, children_of, write_id
 
 
 def build_scene(trace: TraceData, max_children: int = MAX_CHILDREN, eager_items: int = EAGER_ITEMS,
@@ -20,18 +20,26 @@ def build_scene(trace: TraceData, max_children: int = MAX_CHILDREN, eager_items:
     """The scene of one trace, with the boxes of the first view laid out (others on request).
 
     `badges`: the modules (by name) with gradient-health data, whose boxes carry its bar."""
-    scene = Scene(total_nodes=len(trace.nodes))
+    scene = Scene(total_nodes=len(trace.nodes), badges=set(badges))
     keys, lo, hi, folded = _iteration(trace)
     scene.shown_nodes = len(keys)
     _items(trace, scene, keys, lo, folded)
     boxes_of(trace, scene, max_children)
-    size_all(scene.items.values(), scene.boxes.values(), badges)
     focus_of(trace, scene)
     laid = eager(scene, eager_items)
     lift_edges = scene.lifted_edges()
     for box in laid:
         scene.layers[box] = layer_box(scene, box, lift_edges.get(box, ()))
+    _size_children(scene, laid)
     return scene
+
+
+def _size_children(scene: Scene, boxes: Iterable[str]) -> None:
+    """Size what the boxes laid out hold: what is sent to the front end and placed (a box not laid
+    out shows closed, and what it holds is sized when it is)."""
+    kids = [c for box in boxes for c in children_of(scene, box)]
+    size_all([scene.items[c] for c in kids if c in scene.items], [scene.boxes[c] for c in kids if c in scene.boxes],
+             scene.badges)
 
 
 def lay_out(scene: Scene, boxes: Iterable[str]) -> List[str]:
@@ -46,6 +54,7 @@ def lay_out(scene: Scene, boxes: Iterable[str]) -> List[str]:
         lift_edges = scene.lifted_edges()
         for box in wanted:
             scene.layers[box] = layer_box(scene, box, lift_edges.get(box, ()))
+        _size_children(scene, wanted)
     return wanted
 
 

@@ -68,6 +68,7 @@ class Scene:
     note: str = ""
     total_nodes: int = 0   # grad_fn nodes in the whole trace
     shown_nodes: int = 0   # of them, in the iteration drawn
+    badges: Set[str] = field(default_factory=set)  # the modules whose boxes carry a gradient-health bar
     _lifted: Optional[Dict[str, Set[Tuple[str, str]]]] = None
     _crossing: Optional[Dict[str, Set[Tuple[str, str]]]] = None
     _route_first: Dict[str, float] = field(default_factory=dict)  # route point -> its place in op order
