@@ -56,9 +56,10 @@ function fixBlock(text) {
   return out;
 }
 
-// Inline code may break after a dot or an opening bracket (a long dotted name), never elsewhere.
-function inlineCode(text) {
-  const code = el("code");
+// Inline code may break after a dot, an opening bracket or a comma (a long dotted name), never
+// elsewhere where it can help it; so may a line of the source panel.
+function inlineCode(text, tag = "code", cls = null) {
+  const code = el(tag, cls);
   text.split(/(?<=[.(\[,])/).forEach((piece, i) => {
     if (i) code.append(el("wbr"));
     code.append(document.createTextNode(piece));
@@ -996,7 +997,7 @@ function render({ model, el: root }) {
         target = target || row;
       }
       if (line === current) { row.classList.add("ja-src-current"); target = row; }
-      row.append(el("span", "ja-lineno", line), el("span", "ja-code", text));
+      row.append(el("span", "ja-lineno", line), inlineCode(text, "span", "ja-code"));
       source.append(row);
     });
     layoutSide();
