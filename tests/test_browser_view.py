@@ -9,7 +9,8 @@ For each, on the first screen and after Fit:
   view starts where `layout.first_view` says for the pane's size;
 - every node in sight is clickable: what lies at its centre is that node, not a module's title;
 - nothing is cut off at the pane's edges (a node is wholly inside the pane or wholly outside);
-- the problem's nodes and the fix are on the first screen, off the overview map;
+- the problem's nodes and the fix are on the first screen, off the overview map; the fix's optional
+  ways (allow_mutation_on_saved_tensors) folded;
 - the source panel shows whole lines; the timeline's slider and its iteration agree.
 """
 import json
@@ -165,6 +166,11 @@ def kernel(page, code):
     return json.loads(out)
 
 
+def view_cases_fix(page, index):
+    """The whole fix of the widget's first diagnosis, as Python wrote it."""
+    return kernel(page, "print(_json.dumps(SHOWN[%d].diagnoses[0]['fix']))" % index)
+
+
 def same_placement(page, root, index, label):
     """The widget drew what Python placed, for the boxes the widget has open."""
     drawn = root.evaluate(DRAWN_JS)
@@ -244,6 +250,15 @@ def test_gan_and_resnet_views_in_jupyterlab(lab_with, page):
         page.screenshot(path=str(ARTIFACTS / ("view-%s-first-screen.png" % case)))
         check_clickable(screen, label + ", first screen")
         check_nothing_cut(screen, label + ", first screen")
+        # The optional ways to fix it (PyTorch's copy-keeping context manager) are one click away.
+        fix = root.locator(".ja-diagnosis.ja-active .ja-diag-fix")
+        optional = "allow_mutation_on_saved_tensors" in view_cases_fix(page, index)
+        assert optional or case != "gan"  # the in-place write's fix offers it
+        if optional:
+            assert "allow_mutation_on_saved_tensors" not in fix.inner_text(), "%s: the other ways are not folded" % label
+            fix.locator("summary").click()
+            assert "allow_mutation_on_saved_tensors" in fix.inner_text()
+            fix.locator("summary").click()
 
         # -- panned down (open boxes' tops above the view): titles still cover nothing --------------------
         root.locator(".ja-graph").click(position={"x": 3, "y": 3})
