@@ -320,7 +320,8 @@ def test_widget_in_a_real_browser(server, page):
     details = small.locator(".ja-details")
     assert details.evaluate("n => n.scrollWidth <= n.clientWidth + 1"), "the details table is cut off"
     slider = small.locator(".ja-slider")
-    assert slider.input_value() == "-1"  # no step selected: the thumb sits before the first step
+    # One slider over the whole timeline: with no step chosen its thumb waits at the problem's step.
+    assert slider.input_value() == "5" and "The problem is at step 6" in small.locator(".ja-step").inner_text()
     slider.fill("3")  # step 4: d = torch.matmul(x, w1), on line 7
     page.wait_for_function("() => document.querySelector('.ja-src-current')"
                            " && document.querySelector('.ja-src-current').dataset.line === '7'", timeout=30_000)
@@ -387,8 +388,9 @@ def test_widget_in_a_real_browser(server, page):
     page.wait_for_function("() => %s.querySelector('.ja-found')" % widget_js, timeout=10_000)
     assert big.locator(".ja-found").get_attribute("data-id").startswith("fn-")
     assert "1/1" in big.locator(".ja-find-info").inner_text()
-    big.locator(".ja-btn-fit").click()
-    assert float(big.get_attribute("data-zoom")) >= 0.999  # Fit never shrinks text below 11 px
+    big.locator(".ja-btn-fit").click()  # the whole graph down to half size, else the problem's part
+    fitted = big.evaluate(FIRST_SCREEN_JS)
+    assert float(big.get_attribute("data-zoom")) >= 0.5 and all(inside(n["rect"], fitted["area"]) for n in fitted["problems"])
 
     # -- the 150-step loop: find what the summary lists, the timeline by iteration -------------------------
     loop = by_name["loop"]
@@ -399,7 +401,9 @@ def test_widget_in_a_real_browser(server, page):
     page.wait_for_function("() => %s.querySelector('.ja-found')" % loop_js, timeout=10_000)
     assert "not found" not in loop.locator(".ja-find-info").inner_text()
     assert loop.locator(".ja-iter-label").inner_text() == "iteration 150 of 150"
-    loop.locator(".ja-slider").fill("2")
+    # The thumb waits at the problem's step (total_loss += loss); the step before it is the optimizer's.
+    at = int(loop.locator(".ja-slider").input_value())
+    loop.locator(".ja-slider").fill(str(at - 1))
     page.wait_for_function("() => %s.querySelector('.ja-step .ja-chip')" % loop_js, timeout=30_000)
     step = loop.locator(".ja-step").inner_text()
     assert "opt.step()" in step and "6 parameters updated" in step and "tensor#" not in step, step

@@ -39,7 +39,7 @@ def test_loss_rebuilt_from_a_number_shows_the_cut_between_pred_and_loss():
     assert items[loss][2] == "loss" and "no grad_fn" in items[loss][3]
     pred_node = "fn%d" % trace.tensors[next(t for t, i in trace.tensors.items() if i.name == "pred")].node
     assert items[pred_node][2] == "pred"
-    edges = {(u, v): kind for u, v, kind, _ in w.scene["edges"]}
+    edges = {(u, v): kind for u, v, kind, *_ in w.scene["edges"]}
     assert edges[(loss, cut)] == "cut" and edges[(cut, pred_node)] == "next"
     assert not any(kind == "overwrote" for kind in edges.values())
     # The card selects the cut first; clicking it explains it.
@@ -77,7 +77,7 @@ def test_a_detach_that_starves_a_parameter_breaks_the_edge_from_its_user():
     items = items_of(wd)
     cut = layout.write_id(d.op_index)
     assert items[cut][1] == "cut"
-    edges = [(u, v, kind) for u, v, kind, _ in wd.scene["edges"]]
+    edges = [(u, v, kind) for u, v, kind, *_ in wd.scene["edges"]]
     broken = [(u, v) for u, v, kind in edges if kind == "cut"]
     h_node = "fn%d" % trace.tensors[next(t for t, i in trace.tensors.items() if i.name == "h")].node
     assert (cut, h_node, "next") in edges  # what fed the detach: h's graph, down to w

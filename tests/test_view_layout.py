@@ -364,9 +364,9 @@ def test_edges_carry_the_shape_of_the_gradient_that_flows_along_them():
     w = AutogradWidget(trace)
     items = {row[0]: row for row in w.scene["items"]}
     tanh = next(i for i in w.scene["core"] if items[i][2] == "TanhBackward0")  # the adapter's
-    into = [shape for u, v, kind, shape in w.scene["edges"] if v == tanh and kind == "next"]
+    into = [shape for u, v, kind, shape, _ in w.scene["edges"] if v == tanh and kind == "next"]
     assert into and set(into) == {"[2, 16, 16]"}
-    assert any(shape == "[2, 16, 100]" for *_, shape in w.scene["edges"])  # the logits, into the loss's line
+    assert any(edge[3] == "[2, 16, 100]" for edge in w.scene["edges"])  # the logits, into the loss's line
 
 
 def test_two_things_of_one_name_say_which_is_which():

@@ -35,7 +35,7 @@ def test_widget_model_for_every_scenario(path):
     w = AutogradWidget(trace)
     assert (w.scene["items"] or not trace.nodes) and (w.n_steps > 0 or not trace.ops) and w.n_steps <= len(trace.ops)
     ids = scene_ids(w)
-    for u, v, _, _ in w.scene["edges"]:
+    for u, v, *_ in w.scene["edges"]:
         assert u in ids and v in ids
     if sc.kind is not None and any(d.kind == sc.kind for d in trace.diagnoses):
         # The first diagnosis is selected: its lines are highlighted and its nodes drawn and marked.
@@ -221,7 +221,7 @@ def test_large_graph_is_chunked_and_boxes_open_on_request():
     assert len(w.scene["items"]) < 5000  # not everything is sent before the first screen
     lazy = next(b[0] for b in w.scene["boxes"] if not b[7])
     w.expanded = [lazy]
-    assert lazy in w.scene["layers"] and any(row[4] == lazy for row in w.scene["items"] + w.scene["boxes"])
+    assert lazy in w.scene["rows"] and any(row[4] == lazy for row in w.scene["items"] + w.scene["boxes"])
     w.selected = lazy
     assert w.details["kind"] == "group" and "nodes" in dict(w.details["rows"])
 

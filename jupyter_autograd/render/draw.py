@@ -25,7 +25,8 @@ import io
 import warnings
 from typing import Dict, List, Optional, Tuple
 
-from .layout import BOX_H, HEADER_H, ROOT, Placed, Scene, clip, edge_points, place, route_of, stand_map
+from .layout import ROOT, Placed, Scene, clip, edge_points, place, route_of, stand_map
+from .layout.sizes import BOX_LABEL_Y, BOX_SUB_Y, LABEL_FONT, LABEL_Y, SUB_FONT, SUB_Y, TEXT_X, TITLE_Y, text_px
 
 # Colours: the light theme's, used where no JupyterLab CSS variable applies (PNG, GitHub).
 STYLE = {
@@ -112,13 +113,13 @@ def to_svg(scene: Scene, opened=None, title: str = "", max_width: Optional[int] 
             out.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" rx="6" fill="var(--jp-layout-color1, %s)"'
                        ' stroke="%s" stroke-dasharray="5 3"/>' % (p.x, p.y, p.w, p.h, fill, stroke))
             label = ("\u2212 " if p.open else "+ ") + box.label
-            y = p.y + (HEADER_H - 6 if p.open else BOX_H / 2 - 2)
+            y = p.y + (TITLE_Y if p.open else BOX_LABEL_Y)
             out.append('<text x="%.1f" y="%.1f" fill="var(--jp-ui-font-color1, %s)" font-weight="bold">%s'
                        '<tspan fill="var(--jp-ui-font-color2, %s)" font-weight="normal"> %s</tspan></text>'
-                       % (p.x + 8, y, TEXT, esc(label), SUBTEXT, esc(box.sub) if p.open else ""))
+                       % (p.x + TEXT_X, y, TEXT, esc(label), SUBTEXT, esc(box.sub) if p.open else ""))
             if not p.open:
                 out.append('<text x="%.1f" y="%.1f" fill="var(--jp-ui-font-color2, %s)" font-size="11">%s</text>'
-                           % (p.x + 8, p.y + BOX_H - 7, SUBTEXT, esc(box.sub)))
+                           % (p.x + TEXT_X, p.y + BOX_SUB_Y, SUBTEXT, esc(box.sub)))
     for a, b, kind, _ in edges_between(scene, stand):
         red = kind in ("overwrote", "cut")
         out.append('<path d="%s" fill="none" stroke="%s" stroke-width="%s"%s/>'
@@ -138,11 +139,11 @@ def to_svg(scene: Scene, opened=None, title: str = "", max_width: Optional[int] 
         dark = item.kind not in ("fn", "fold")  # fixed light fills keep dark text in every theme
         color = TEXT if dark else "var(--jp-ui-font-color1, %s)" % TEXT
         out.append('<text x="%.1f" y="%.1f" text-anchor="middle" fill="%s"%s>%s</text>'
-                   % (p.x + p.w / 2, p.y + 15, color, ' font-weight="bold"' if item.kind != "fn" else "",
+                   % (p.x + p.w / 2, p.y + LABEL_Y, color, ' font-weight="bold"' if item.kind != "fn" else "",
                       esc(item.label)))
         if item.sub:
             out.append('<text x="%.1f" y="%.1f" text-anchor="middle" font-size="11" fill="%s">%s</text>'
-                       % (p.x + p.w / 2, p.y + 29, SUBTEXT if dark else "var(--jp-ui-font-color2, %s)" % SUBTEXT,
+                       % (p.x + p.w / 2, p.y + SUB_Y, SUBTEXT if dark else "var(--jp-ui-font-color2, %s)" % SUBTEXT,
                           esc(item.sub)))
     out.append("</g></svg>")
     return "".join(out)
@@ -201,11 +202,15 @@ def to_png(scene: Scene, opened=None, title: str = "", max_pixels: int = 2400) -
         fill, stroke = STYLE["box"]
         ax.add_patch(FancyBboxPatch((p.x, p.y), p.w, p.h, boxstyle="round,pad=0,rounding_size=6", fc=fill, ec=stroke,
                                     lw=1, linestyle="--", zorder=1))
-        label = ("\u2212 " if p.open else "+ ") + box.label + ("   " + box.sub if p.open else "")
-        ax.text(p.x + 8, p.y + (HEADER_H - 7 if p.open else BOX_H / 2 - 3), label, fontsize=font, color=TEXT,
+        label = ("\u2212 " if p.open else "+ ") + box.label
+        ax.text(p.x + TEXT_X, p.y + (TITLE_Y - 1 if p.open else BOX_LABEL_Y - 1), label, fontsize=font, color=TEXT,
                 fontweight="bold", zorder=4, **text_kw)
-        if not p.open:
-            ax.text(p.x + 8, p.y + BOX_H - 7, box.sub, fontsize=font * 0.9, color=SUBTEXT, zorder=4, **text_kw)
+        if p.open:  # the sublabel after the title, where the scene's title width has room for it
+            ax.text(p.x + TEXT_X + text_px(label + "  ", LABEL_FONT, bold=True), p.y + TITLE_Y - 1, box.sub,
+                    fontsize=font * SUB_FONT / LABEL_FONT, color=SUBTEXT, zorder=4, **text_kw)
+        else:
+            ax.text(p.x + TEXT_X, p.y + BOX_SUB_Y, box.sub, fontsize=font * SUB_FONT / LABEL_FONT, color=SUBTEXT,
+                    zorder=4, **text_kw)
     for a, b, kind, _ in edges_between(scene, stand):
         points = edge_path(scene, placement, a, b)
         vertices, codes = [points[0]], [Path.MOVETO]
@@ -226,10 +231,10 @@ def to_png(scene: Scene, opened=None, title: str = "", max_pixels: int = 2400) -
                                     % (10 if item.kind == "leaf" else 3), fc=fill,
                                     ec=PROBLEM if item.problem else stroke, lw=2.2 if item.problem else 0.9,
                                     linestyle="--" if item.kind == "cut" else "-", zorder=3))
-        ax.text(p.x + p.w / 2, p.y + 15, item.label, ha="center", va="baseline", fontsize=font, color=TEXT,
+        ax.text(p.x + p.w / 2, p.y + LABEL_Y, item.label, ha="center", va="baseline", fontsize=font, color=TEXT,
                 fontweight="normal" if item.kind == "fn" else "bold", zorder=4, **text_kw)
         if item.sub:
-            ax.text(p.x + p.w / 2, p.y + 29, item.sub, ha="center", va="baseline", fontsize=font * 0.9,
+            ax.text(p.x + p.w / 2, p.y + SUB_Y, item.sub, ha="center", va="baseline", fontsize=font * 0.9,
                     color=SUBTEXT, zorder=4, **text_kw)
     buf = io.BytesIO()
     with warnings.catch_warnings():

@@ -1,21 +1,23 @@
-// Front end of AutogradWidget. Python sends the scene (items, module boxes, the layers of each
-// box laid out, the route points of long edges, edges with the shapes they carry) as plain
-// lists; this file places and draws it as SVG elements, opens and closes boxes, zooms and pans
-// (the viewBox), finds names, all without the kernel. It sets four inputs: `selected` (a click
-// on a node), `selected_diagnosis`, `step`, and `expanded` (a box opened that Python has not
-// laid out yet). Every string goes into the page with textContent.
+// Front end of AutogradWidget. Python sends the scene (items, module boxes, the rows of each box
+// laid out, the route points of long edges, edges with the shapes they carry) as plain lists,
+// with its geometry: the size of every node and box (closed, and its title's width open, room
+// for the gradient-health bar included) and the numbers to place and draw them with
+// (scene.geometry; render/layout/sizes.py). This file has no sizing rules of its own: it places
+// those sizes in rows as render/layout/geometry.py's `place` does, draws them as SVG elements,
+// opens and closes boxes, zooms and pans (the viewBox), finds names, all without the kernel. It
+// sets four inputs: `selected` (a click on a node), `selected_diagnosis`, `step`, and `expanded`
+// (a box opened that Python has not laid out yet). Every string goes into the page with
+// textContent.
 //
 // The first screen shows the problem: the pane is as tall as the screen has room for, and the
 // view starts at 100% (the smallest text at 11 px) on the problem's nodes, with as much of the
-// way up to the loss as fits, off the overview map (render/layout.py's first_view does the same).
+// way up to the loss as fits, off the overview map, no node cut by the pane's edges
+// (render/layout/view.py's first_view does the same). Nothing is drawn over a node: an open
+// box's title stays in its own bar (the boxes the view is inside are named above the pane), and
+// the overview map moves to another corner rather than cover the problem.
 
 const SVG = "http://www.w3.org/2000/svg";
-// The same numbers as render/layout.py, so the static picture looks like this one.
-const NODE_H = 36, BOX_H = 40, HEADER_H = 22, PAD = 10, GAP_X = 16, GAP_Y = 30, ROW_MAX = 8;
-const CHAR_W = 7, MIN_W = 64, MAX_W = 250, ROUTE = "~", ROUTE_W = 8;
-const READABLE_ZOOM = 1, MARGIN = 16, MINIMAP_W = 96, MINIMAP_H = 110, MINIMAP_INSET = 6;
-const TEXT_ZOOM = 0.45; // below it the labels would be a smear: shapes only (hover still names them)
-const BADGE_W = 30;     // the gradient-health bar on a module box (render/health.py)
+const ROUTE = "~"; // the prefix of route points' ids
 const LEGEND = [["tensor", "named result"], ["fn", "backward op"], ["leaf", "parameter (gets .grad)"],
                 ["saved", "tensor saved for backward"], ["write", "the line that broke it"],
                 ["cut", "the line that cut the chain"], ["fold", "other iterations"],
@@ -36,10 +38,6 @@ function sv(tag, attrs, text) {
   return node;
 }
 
-function textWidth(label, sub) {
-  return Math.max(MIN_W, Math.min(MAX_W, Math.max(label.length * CHAR_W, (sub || "").length * CHAR_W * 0.9) + 20));
-}
-
 // Prose wraps at spaces; code lines (indented by four) stay whole and scroll sideways.
 function fixBlock(text) {
   const out = el("div", "ja-fix-body");
@@ -58,9 +56,10 @@ function fixBlock(text) {
   return out;
 }
 
-// Inline code may break after a dot or an opening bracket (a long dotted name), never elsewhere.
-function inlineCode(text) {
-  const code = el("code");
+// Inline code may break after a dot, an opening bracket or a comma (a long dotted name), never
+// elsewhere where it can help it; so may a line of the source panel.
+function inlineCode(text, tag = "code", cls = null) {
+  const code = el(tag, cls);
   text.split(/(?<=[.(\[,])/).forEach((piece, i) => {
     if (i) code.append(el("wbr"));
     code.append(document.createTextNode(piece));
@@ -68,37 +67,49 @@ function inlineCode(text) {
   return code;
 }
 
+// The wire format of layout.Scene.to_json: each item with its size, each box with its size closed,
+// its title's width open and whether it has a health bar; the rows of each box laid out.
 function parseScene(raw) {
   const items = new Map(), boxes = new Map();
-  for (const [id, kind, label, sub, parent, name, problem] of raw.items || []) {
-    items.set(id, { id, kind, label, sub, parent, name, problem: !!problem });
+  for (const [id, kind, label, sub, parent, name, problem, w, h] of raw.items || []) {
+    items.set(id, { id, kind, label, sub, parent, name, problem: !!problem, w, h });
   }
-  for (const [id, kind, label, sub, parent, name, count, laid] of raw.boxes || []) {
-    boxes.set(id, { id, kind, label, sub, parent, name, count, laid: !!laid });
+  for (const [id, kind, label, sub, parent, name, count, laid, w, h, titleW, badge] of raw.boxes || []) {
+    boxes.set(id, { id, kind, label, sub, parent, name, count, laid: !!laid, w, h, titleW, badge: !!badge });
   }
   const routes = new Map();
   for (const [box, list] of Object.entries(raw.routes || {})) {
     for (const [u, v, chain] of list) routes.set(u + "\u0000" + v, chain);
   }
-  return { items, boxes, layers: raw.layers || {}, edges: raw.edges || [], open: raw.open || [], routes,
+  return { items, boxes, rows: raw.rows || {}, edges: raw.edges || [], open: raw.open || [], routes,
            core: raw.core || [], focus: raw.focus || [], path: raw.path || [], note: raw.note || "",
-           names: raw.names || [] };
+           names: raw.names || [], geometry: raw.geometry || {} };
 }
 
-// A layer wider than ROW_MAX things wraps into rows; route points do not count (layout.rows_of).
-function rowsOf(layers) {
-  const rows = [];
-  for (const layer of layers) {
-    let row = [], count = 0;
-    for (const c of layer) {
-      const real = !c.startsWith(ROUTE);
-      if (real && count === ROW_MAX) { rows.push(row); row = []; count = 0; }
-      row.push(c);
-      if (real) count += 1;
-    }
-    rows.push(row);
+// Where a window of `size` starts along one axis (render/layout/view.py's snap): the point nearest
+// `want`, within [lo, hi], not below `floor`, at which neither of its edges falls inside a span or
+// `clear` from it; else the same within `room` more; else, there, the one cutting the fewest spans.
+function snap(want, lo, hi, size, spans, floor, clear, room) {
+  const near = spans.map(([a, b]) => [a - clear, b + clear]);
+  const cuts = near.concat(near.map(([a, b]) => [a - size, b - size]));
+  const starts = cuts.map((c) => c[0]).sort((p, q) => p - q), ends = cuts.map((c) => c[1]).sort((p, q) => p - q);
+  // how many (a, b) hold c: those starting before it less those ended by it (binary searches)
+  const below = (list, c, orEqual) => {
+    let l = 0, h = list.length;
+    while (l < h) { const m = (l + h) >> 1; if (list[m] < c || (orEqual && list[m] === c)) l = m + 1; else h = m; }
+    return l;
+  };
+  const cut = (c) => below(starts, c, false) - below(ends, c, true);
+  const byDistance = (p, q) => Math.abs(p - want) - Math.abs(q - want) || p - q;
+  function candidates(l, h) {
+    l = Math.max(l, floor);
+    if (l > h) { l = Math.max(want, floor); h = l; }
+    const out = new Set([Math.min(Math.max(want, l), h), l, h]);
+    for (const [a, b] of cuts) for (const p of [a, b]) if (l <= p && p <= h) out.add(p);
+    return [...out].sort(byDistance);
   }
-  return rows;
+  for (const extra of [0, room]) for (const c of candidates(lo - extra, hi + extra)) if (!cut(c)) return c;
+  return candidates(lo - room, hi + room).sort((p, q) => cut(p) - cut(q) || byDistance(p, q))[0];
 }
 
 // How tall the part of the page is that the notebook shows at once: its scrolling panel (the
@@ -144,7 +155,7 @@ function render({ model, el: root }) {
   find.setAttribute("aria-label", "find in the graph");
   const findInfo = el("span", "ja-find-info");
   const buttons = {};
-  for (const [key, label, tip] of [["fit", "Fit", "as much of the graph as fits with readable text (key 0)"],
+  for (const [key, label, tip] of [["fit", "Fit", "the whole graph, or the problem's neighbourhood where the whole is too large (key 0)"],
                                    ["one", "100%", "actual size (key 1)"],
                                    ["in", "+", "zoom in (key +)"], ["out", "\u2212", "zoom out (key -)"],
                                    ["focus", "Problem", "back to the first view"]]) {
@@ -153,7 +164,9 @@ function render({ model, el: root }) {
     b.title = tip;
     buttons[key] = b;
   }
-  toolbar.append(find, findInfo, buttons.fit, buttons.one, buttons.in, buttons.out, buttons.focus);
+  // The open boxes the view is inside, whose titles are above it: named here, never over the graph.
+  const crumbs = el("span", "ja-crumbs");
+  toolbar.append(find, findInfo, buttons.fit, buttons.one, buttons.in, buttons.out, buttons.focus, crumbs);
   const legend = el("div", "ja-legend");
   const note = el("div", "ja-note");
   const pane = el("div", "ja-graph");
@@ -190,8 +203,8 @@ function render({ model, el: root }) {
   iterBox.append(iterPrev, iterLabel, iterNext);
   const slider = el("input", "ja-slider");
   slider.type = "range";
-  slider.min = "-1"; // -1: before the first step, so the thumb never sits at a random place
-  slider.value = "-1";
+  slider.min = "0"; // one slider over every step of the block: its thumb is where the label says
+  slider.value = "0";
   slider.setAttribute("aria-label", "step of the timeline");
   for (const focusable of [find, pane, slider]) focusable.setAttribute("data-lm-suppress-shortcuts", "true");
   const stepLabel = el("div", "ja-step");
@@ -201,6 +214,7 @@ function render({ model, el: root }) {
 
   // -- the scene and what is open ------------------------------------------------------------------
   let scene = parseScene(model.get("scene"));
+  let G = scene.geometry; // the numbers to place and draw with (render/layout/sizes.py)
   const openSet = new Set(scene.open);
   let placed = new Map();
   let contentW = 1, contentH = 1;
@@ -208,7 +222,7 @@ function render({ model, el: root }) {
   let positioned = false;
   let pendingReveal = null;
   let found = [], foundAt = -1;
-  let stickies = [];
+  let titles = [], crumbKey = "";
   const health = model.get("grad_health") || {};
 
   function isBox(id) { return scene.boxes.has(id); }
@@ -217,8 +231,7 @@ function render({ model, el: root }) {
     return t ? t.parent : null;
   }
   function isOpen(id) { const b = scene.boxes.get(id); return !!(b && b.laid && openSet.has(id)); }
-  function rows(box) { return rowsOf(scene.layers[box] || []); }
-  function badge(b) { return b.kind === "module" && health[b.name] ? BADGE_W : 0; }
+  function rows(box) { return scene.rows[box] || []; }
   // What stands for `id` on screen: itself, or the outermost closed box holding it.
   function stand(id) {
     if (!scene.items.has(id) && !scene.boxes.has(id)) return null;
@@ -232,6 +245,9 @@ function render({ model, el: root }) {
   }
   function ancestry(id) { const out = [id]; for (let p = parentOf(id); p; p = parentOf(p)) out.push(p); return out; }
 
+  // Where everything shown goes (render/layout/geometry.py's place, over the same sizes and rows):
+  // a box's rows centred in it, gap_x apart in a row, gap_y between rows; an open box is its title
+  // bar over its contents with pad around them, as wide as the wider of the two.
   function place() {
     const sizes = new Map();
     placed = new Map();
@@ -239,14 +255,14 @@ function render({ model, el: root }) {
       if (sizes.has(id)) return sizes.get(id);
       let s;
       const it = scene.items.get(id);
-      if (id.startsWith(ROUTE)) s = [ROUTE_W, 0];
-      else if (it) s = [textWidth(it.label, it.sub), NODE_H];
+      if (id.startsWith(ROUTE)) s = [G.route_w, 0];
+      else if (it) s = [it.w, it.h];
       else {
         const b = scene.boxes.get(id);
         if (isOpen(id)) {
           const [w, h] = contentSize(id);
-          s = [Math.max(w + 2 * PAD, textWidth(b.label + "  " + b.sub) + badge(b)), h + HEADER_H + 2 * PAD];
-        } else s = [textWidth(b.label + " +", b.sub) + badge(b), BOX_H];
+          s = [Math.max(w + 2 * G.pad, b.titleW), h + G.header_h + 2 * G.pad];
+        } else s = [b.w, b.h];
       }
       sizes.set(id, s);
       return s;
@@ -254,15 +270,15 @@ function render({ model, el: root }) {
     function contentSize(box) {
       let w = 0, h = 0;
       for (const r of rows(box)) {
-        w = Math.max(w, r.reduce((a, c) => a + size(c)[0], 0) + GAP_X * (r.length - 1));
-        h += Math.max(...r.map((c) => size(c)[1])) + GAP_Y;
+        w = Math.max(w, r.reduce((a, c) => a + size(c)[0], 0) + G.gap_x * (r.length - 1));
+        h += Math.max(...r.map((c) => size(c)[1])) + G.gap_y;
       }
-      return [w, Math.max(0, h - GAP_Y)];
+      return [w, Math.max(0, h - G.gap_y)];
     }
     function put(box, x0, y0, width) {
       let y = y0;
       for (const r of rows(box)) {
-        const rowW = r.reduce((a, c) => a + size(c)[0], 0) + GAP_X * (r.length - 1);
+        const rowW = r.reduce((a, c) => a + size(c)[0], 0) + G.gap_x * (r.length - 1);
         const rowH = Math.max(...r.map((c) => size(c)[1]));
         let x = x0 + (width - rowW) / 2;
         for (const c of r) {
@@ -271,11 +287,11 @@ function render({ model, el: root }) {
           else {
             const open = isOpen(c);
             placed.set(c, { x, y, w, h, box: isBox(c), open });
-            if (open) put(c, x + PAD, y + HEADER_H + PAD, w - 2 * PAD);
+            if (open) put(c, x + G.pad, y + G.header_h + G.pad, w - 2 * G.pad);
           }
-          x += w + GAP_X;
+          x += w + G.gap_x;
         }
-        y += rowH + GAP_Y;
+        y += rowH + G.gap_y;
       }
     }
     [contentW, contentH] = contentSize("");
@@ -342,14 +358,14 @@ function render({ model, el: root }) {
       return true;
     }
     for (const [id, p] of placed) if (!p.route && !(p.box && p.open)) add([p.x, p.y, p.x + p.w, p.y + p.h]);
-    for (const [id, p] of placed) if (p.box && p.open) add([p.x, p.y, p.x + p.w, p.y + HEADER_H]);
+    for (const [id, p] of placed) if (p.box && p.open) add([p.x, p.y, p.x + p.w, p.y + G.header_h]);
     const out = [];
-    for (const { pts, shape } of edges) {
+    for (const { pts, shape, shapeW } of edges) {
       if (!shape) continue;
       // the segment that leaves the upper node: the gap under it
       const [x1, y1] = pts[0], [x2, y2] = pts[1];
       if (y2 - y1 < 20) continue;
-      const w = shape.length * 6.2 + 6, h = 14;
+      const w = shapeW, h = G.edge_label_h;
       const x = (x1 + x2) / 2 + 4, y = y1 + Math.min(18, (y2 - y1) / 2) - h / 2;
       const r = [x - 2, y, x + w, y + h];
       if (!free(r)) continue;
@@ -367,7 +383,8 @@ function render({ model, el: root }) {
     const labelLayer = sv("g", { class: "ja-edge-labels" });
     const nodeLayer = sv("g", { class: "ja-nodes" });
     const titleLayer = sv("g", { class: "ja-titles" });
-    stickies = [];
+    titles = [];
+    crumbKey = null;
     const healthy = Object.values(health).map((h) => h[0]).filter((v) => v > 0).map(Math.log10);
     const lo = Math.min(...healthy, 0), hi = Math.max(...healthy, lo + 1);
     for (const [id, p] of placed) {
@@ -380,32 +397,33 @@ function render({ model, el: root }) {
       g.append(sv("rect", { x: p.x, y: p.y, width: p.w, height: p.h, rx: 6, class: "ja-box-rect" }));
       let titleGroup = null;
       if (p.open) {
-        g.append(sv("rect", { x: p.x, y: p.y, width: p.w, height: HEADER_H, rx: 6, class: "ja-box-header" }));
-        // The title is drawn above the contents and stays in sight while the box is (sticky).
+        g.append(sv("rect", { x: p.x, y: p.y, width: p.w, height: G.header_h, rx: 6, class: "ja-box-header" }));
+        // The title is drawn above the contents, in its own bar (nothing of the box's is under it);
+        // its text slides along the bar to stay in sight.
         const t = sv("g", { class: "ja-box-title" });
         t.dataset.id = id;
-        const bg = sv("rect", { x: p.x, y: p.y, width: p.w, height: HEADER_H, rx: 6, class: "ja-title-bg" });
-        const label = sv("text", { x: p.x + 8, y: p.y + HEADER_H - 6, class: "ja-box-label" }, "\u2212 " + b.label);
+        const bg = sv("rect", { x: p.x, y: p.y, width: p.w, height: G.header_h, rx: 6, class: "ja-title-bg" });
+        const label = sv("text", { x: p.x + G.text_x, y: p.y + G.title_y, class: "ja-box-label" }, "\u2212 " + b.label);
         label.append(sv("tspan", { class: "ja-box-sub" }, "  " + b.sub));
         t.append(sv("title", {}, (b.name || b.label) + ": click to close"), bg, label);
         titleLayer.append(t);
         titleGroup = t;
-        stickies.push({ p, t, bg, label, depth: ancestry(id).length });
+        titles.push({ id, p, b, label, depth: ancestry(id).length });
       } else {
-        g.append(sv("text", { x: p.x + 8, y: p.y + BOX_H / 2 - 2, class: "ja-box-label" }, "+ " + b.label));
-        g.append(sv("text", { x: p.x + 8, y: p.y + BOX_H - 7, class: "ja-box-sub" }, b.sub));
+        g.append(sv("text", { x: p.x + G.text_x, y: p.y + G.box_label_y, class: "ja-box-label" }, "+ " + b.label));
+        g.append(sv("text", { x: p.x + G.text_x, y: p.y + G.box_sub_y, class: "ja-box-sub" }, b.sub));
       }
-      const h = b.kind === "module" ? health[b.name] : null;
-      if (h) {
+      const h = b.badge ? health[b.name] : null;
+      if (h) { // in the room the scene's size keeps for it, at the right of the label's line
+        const [, barW, barH, right, top] = G.badge;
         const flagged = h[1] && h[1].length;
         const frac = h[0] > 0 ? Math.max(0.08, (Math.log10(h[0]) - lo) / (hi - lo)) : 0;
         const bar = sv("g", { class: "ja-health" + (flagged ? " ja-health-flagged" : "") });
-        const bx = p.x + p.w - BADGE_W - 4, by = p.y + 6;
-        bar.append(sv("title", {}, h[2]), sv("rect", { x: bx, y: by, width: BADGE_W - 4, height: 8, rx: 2, class: "ja-health-track" }),
-                   sv("rect", { x: bx, y: by, width: Math.max(2, (BADGE_W - 4) * frac), height: 8, rx: 2, class: "ja-health-bar" }));
-        if (flagged) bar.append(sv("text", { x: bx - 3, y: by + 8, class: "ja-health-mark" }, "!"));
+        const bx = p.x + p.w - right - barW, by = p.y + top;
+        bar.append(sv("title", {}, h[2]), sv("rect", { x: bx, y: by, width: barW, height: barH, rx: 2, class: "ja-health-track" }),
+                   sv("rect", { x: bx, y: by, width: Math.max(2, barW * frac), height: barH, rx: 2, class: "ja-health-bar" }));
+        if (flagged) bar.append(sv("text", { x: bx - 3, y: by + barH, class: "ja-health-mark" }, "!"));
         (titleGroup || g).append(bar);
-        if (titleGroup) stickies[stickies.length - 1].bar = bar;
       }
       boxLayer.append(g);
     }
@@ -413,7 +431,7 @@ function render({ model, el: root }) {
     const pathStands = scene.path.map(stand).filter((s) => s !== null);
     for (let i = 0; i + 1 < pathStands.length; i++) pathPairs.add(pathStands[i] + "\u0000" + pathStands[i + 1]);
     const seen = new Set(), drawn = [];
-    for (const [u, v, kind, shape] of scene.edges) {
+    for (const [u, v, kind, shape, shapeW] of scene.edges) {
       const a = stand(u), b = stand(v);
       if (a === null || b === null || a === b) continue;
       const key = a + "\u0000" + b;
@@ -425,7 +443,7 @@ function render({ model, el: root }) {
       const d = pts ? curve(pts) : sideways(pa, pb);
       const cls = "ja-edge ja-edge-" + kind + (pathPairs.has(key) ? " ja-path" : "");
       edgeLayer.append(sv("path", { d, class: cls, "marker-end": `url(#${uid}-arrow)` }));
-      if (pts && kind === "next") drawn.push({ pts, shape });
+      if (pts && kind === "next") drawn.push({ pts, shape, shapeW });
     }
     for (const [x, y, text] of shapeLabels(drawn)) labelLayer.append(sv("text", { x, y, class: "ja-edge-label" }, text));
     for (const [id, p] of placed) {
@@ -435,8 +453,8 @@ function render({ model, el: root }) {
       g.dataset.id = id;
       g.append(sv("title", {}, it.name && it.name !== it.label ? it.name : it.label + (it.sub ? " (" + it.sub + ")" : "")));
       g.append(sv("rect", { x: p.x, y: p.y, width: p.w, height: p.h, rx: it.kind === "leaf" ? 10 : 3, class: "ja-node-rect" }));
-      g.append(sv("text", { x: p.x + p.w / 2, y: p.y + 15, class: "ja-node-label" }, it.label));
-      if (it.sub) g.append(sv("text", { x: p.x + p.w / 2, y: p.y + 29, class: "ja-node-sub" }, it.sub));
+      g.append(sv("text", { x: p.x + p.w / 2, y: p.y + G.label_y, class: "ja-node-label" }, it.label));
+      if (it.sub) g.append(sv("text", { x: p.x + p.w / 2, y: p.y + G.sub_y, class: "ja-node-sub" }, it.sub));
       nodeLayer.append(g);
     }
     content.replaceChildren(boxLayer, edgeLayer, labelLayer, nodeLayer, titleLayer);
@@ -479,61 +497,117 @@ function render({ model, el: root }) {
     const [w, h] = paneSize();
     svg.setAttribute("viewBox", `${view.x} ${view.y} ${w / view.k} ${h / view.k}`);
     root.dataset.zoom = view.k.toFixed(3);
-    svg.classList.toggle("ja-no-text", view.k < TEXT_ZOOM);
+    svg.classList.toggle("ja-no-text", view.k < G.text_zoom);
     const shown = overview();
-    mini.style.display = shown ? "" : "none";
     if (shown) {
       const m = 8;
       mini.setAttribute("viewBox", `${-m} ${-m} ${contentW + 2 * m} ${contentH + 2 * m}`);
       miniView.setAttribute("x", view.x); miniView.setAttribute("y", view.y);
       miniView.setAttribute("width", w / view.k); miniView.setAttribute("height", h / view.k);
     }
-    keepTitles();
+    placeMinimap(shown);
+    followTitles();
   }
-  // An open box's title stays in sight while any of the box is: at the view's left and top edges.
-  function keepTitles() {
+  // The overview map sits in a corner of the pane: the bottom right one, else the first corner
+  // where it covers none of the problem's nodes (nor the one selected); hidden where every corner would.
+  function placeMinimap(shown) {
+    const [mw, mh, inset] = G.minimap || [0, 0, 0];
     const [w, h] = paneSize();
-    const left = view.x + 4 / view.k, top = view.y;
-    const sorted = stickies.slice().sort((a, b) => a.depth - b.depth);
-    const stackAt = new Map();
-    for (const s of sorted) {
-      const { p } = s;
-      const visible = p.y + p.h > top + HEADER_H && p.y < view.y + h / view.k && p.x + p.w > view.x && p.x < view.x + w / view.k;
-      let y = p.y;
-      if (visible && p.y < top) {
-        const depth = [...stackAt.entries()].filter(([q]) => q.x <= p.x && q.x + q.w >= p.x + p.w && q.y <= p.y).length;
-        y = Math.min(top + depth * HEADER_H, p.y + p.h - HEADER_H);
-        stackAt.set(p, y);
+    const ids = new Set([...scene.core, ...(model.get("highlight_nodes") || []), model.get("selected")]);
+    const keep = [];
+    for (const id of ids) {
+      const s = id ? stand(id) : null;
+      const p = s === null ? null : placed.get(s);
+      if (p) keep.push([(p.x - view.x) * view.k, (p.y - view.y) * view.k, (p.x + p.w - view.x) * view.k, (p.y + p.h - view.y) * view.k]);
+    }
+    let corner = null;
+    if (shown) {
+      for (const [right, bottom] of [[true, true], [false, true], [true, false], [false, false]]) {
+        const x = right ? w - inset - mw : inset, y = bottom ? h - inset - mh : inset;
+        if (keep.every((r) => r[2] <= x || x + mw <= r[0] || r[3] <= y || y + mh <= r[1])) { corner = [right, bottom]; break; }
       }
-      const textW = (s.label.textContent.length) * CHAR_W;
-      const x = Math.max(p.x + 8, Math.min(left + 4, p.x + p.w - Math.min(textW, p.w - 16) - 8));
-      s.label.setAttribute("x", x);
-      s.label.setAttribute("y", y + HEADER_H - 6);
-      s.bg.setAttribute("y", y);
-      s.t.classList.toggle("ja-stuck", y !== p.y);
-      if (s.bar) s.bar.setAttribute("transform", `translate(0 ${y - p.y})`);
+    }
+    mini.style.display = corner ? "" : "none";
+    if (!corner) return;
+    mini.style.width = mw + "px"; mini.style.height = mh + "px";
+    mini.style.left = corner[0] ? "" : inset + "px"; mini.style.right = corner[0] ? inset + "px" : "";
+    mini.style.top = corner[1] ? "" : inset + "px"; mini.style.bottom = corner[1] ? inset + "px" : "";
+  }
+  // An open box's title stays in its bar; its text slides along the bar to stay in sight when the
+  // box's left edge is out of view. The open boxes whose bars are above the view, while the view
+  // is inside them, are named above the pane (never drawn over the graph).
+  function followTitles() {
+    const [w, h] = paneSize();
+    const vw = w / view.k;
+    const inside = [];
+    for (const t of titles) {
+      const { p, b, label } = t;
+      const x = Math.max(p.x + G.text_x, Math.min(view.x + G.text_x / view.k, p.x + p.w - b.titleW + G.text_x));
+      label.setAttribute("x", x);
+      if (p.y < view.y && p.y + p.h > view.y + G.header_h / view.k && p.x < view.x + vw && p.x + p.w > view.x) inside.push(t);
+    }
+    inside.sort((a, b) => a.depth - b.depth);
+    const key = inside.map((t) => t.id).join("\u0000");
+    if (key === crumbKey) return;
+    crumbKey = key;
+    crumbs.replaceChildren();
+    if (!inside.length) return;
+    crumbs.append(el("span", "ja-crumbs-head", "in"));
+    for (const t of inside) {
+      const c = el("button", "ja-crumb", t.b.label);
+      c.type = "button";
+      c.title = (t.b.name || t.b.label) + ": show its title";
+      c.addEventListener("click", () => { view.y = t.p.y - G.margin / view.k; applyView(); });
+      crumbs.append(c);
     }
   }
   function zoomAt(factor, px, py) {
     const [w, h] = paneSize();
     if (px === undefined) { px = w / 2; py = h / 2; }
-    const k = Math.max(0.05, Math.min(4, view.k * factor));
+    const k = Math.max(G.min_zoom, Math.min(G.max_zoom, view.k * factor));
     const gx = view.x + px / view.k, gy = view.y + py / view.k;
     view.k = k;
     view.x = gx - px / k;
     view.y = gy - py / k;
     applyView();
   }
-  // Fit: all of it when it fits with readable text; else as much as fits at the smallest readable
-  // zoom, from the top, the overview map showing the rest (smaller text would be a smear).
+  // The view nearest (x, y) with no node or closed box cut by its edges, `keep` inside it with the
+  // margin, x or y not below `least` (render/layout/view.py's uncut).
+  function uncut(keep, x, y, vw, vh, least) {
+    const M = G.margin, clear = G.cut_margin;
+    const solid = [...placed.values()].filter((p) => !p.route && !(p.box && p.open));
+    const floorX = least && least[0] === "x" ? least[1] : -Infinity, floorY = least && least[0] === "y" ? least[1] : -Infinity;
+    for (const axis of ["x", "y", "x"]) {
+      if (axis === "x") {
+        const spans = solid.filter((p) => p.y < y + vh && y < p.y + p.h).map((p) => [p.x, p.x + p.w]);
+        x = snap(x, keep[2] + M - vw, keep[0] - M, vw, spans, floorX, clear, M);
+      } else {
+        const spans = solid.filter((p) => p.x < x + vw && x < p.x + p.w).map((p) => [p.y, p.y + p.h]);
+        y = snap(y, keep[3] + M - vh, keep[1] - M, vh, spans, floorY, clear, M);
+      }
+    }
+    return [x, y];
+  }
+  // Fit: the whole graph, down to fit_min_zoom (a map of it); where it is larger, the problem's
+  // neighbourhood (its nodes, the way to the loss, what is around them) as large as fits, at 100%
+  // at most; no node cut by the pane's edges.
   function fit() {
     const [w, h] = paneSize();
-    const k = Math.min(2, (w - 2 * MARGIN) / Math.max(contentW, 1), (h - 2 * MARGIN) / Math.max(contentH, 1));
-    view.k = Math.max(k, READABLE_ZOOM);
+    const M = G.margin;
+    const whole = Math.min(G.fit_max_zoom, (w - 2 * M) / Math.max(contentW, 1), (h - 2 * M) / Math.max(contentH, 1));
+    if (whole >= G.fit_min_zoom) {
+      view.k = whole;
+      view.x = (contentW - w / whole) / 2; view.y = (contentH - h / whole) / 2;
+      applyView();
+      return;
+    }
+    const box = rectOf([...scene.core, ...scene.path, ...scene.focus]) || [0, 0, contentW, contentH];
+    view.k = Math.max(G.fit_min_zoom, Math.min(G.readable_zoom, (w - 2 * M) / Math.max(box[2] - box[0], 1),
+                                               (h - 2 * M) / Math.max(box[3] - box[1], 1)));
     const vw = w / view.k, vh = h / view.k;
-    view.x = contentW + 2 * MARGIN <= vw ? (contentW - vw) / 2
-      : Math.min(Math.max(view.x, -MARGIN), contentW + MARGIN - vw);
-    view.y = contentH + 2 * MARGIN <= vh ? (contentH - vh) / 2 : -MARGIN;
+    const fits = box[2] - box[0] <= vw - 2 * M && box[3] - box[1] <= vh - 2 * M;
+    const keep = fits ? box : (rectOf(scene.core.slice(0, 1)) || box);
+    [view.x, view.y] = uncut(keep, (keep[0] + keep[2]) / 2 - vw / 2, fits ? (box[1] + box[3]) / 2 - vh / 2 : keep[1] - M, vw, vh, null);
     applyView();
   }
   function rectOf(ids) {
@@ -547,9 +621,11 @@ function render({ model, el: root }) {
     const box = rectOf(ids);
     if (!box) return false;
     view.k = k;
-    view.x = (box[0] + box[2]) / 2 - w / k / 2;
-    view.y = (box[1] + box[3]) / 2 - h / k / 2;
-    if (box[3] - box[1] > h / k) view.y = box[1] - 16; // taller than the pane: its top first
+    const vw = w / k, vh = h / k;
+    let x = (box[0] + box[2]) / 2 - vw / 2, y = (box[1] + box[3]) / 2 - vh / 2;
+    if (box[3] - box[1] > vh) y = box[1] - G.margin; // taller than the pane: its top first
+    else if (box[2] - box[0] <= vw - 2 * G.margin) [x, y] = uncut(box, x, y, vw, vh, null);
+    view.x = x; view.y = y;
     applyView();
     return true;
   }
@@ -559,22 +635,36 @@ function render({ model, el: root }) {
     if (pane.dataset.userSized) return;
     const above = pane.getBoundingClientRect().top - root.getBoundingClientRect().top;
     const room = visibleHeight(root) - above - 28;
-    pane.style.height = Math.round(Math.max(260, Math.min(room, contentH + 2 * MARGIN))) + "px";
+    pane.style.height = Math.round(Math.max(260, Math.min(room, contentH + 2 * G.margin))) + "px";
   }
-  // The first view (layout.first_view): all of it when it fits at 100%; else at 100% the core,
-  // then the path to the root and the focus as far as they fit, off the overview map.
+  // Off the overview map in the bottom right corner: (x, y) moved left or up if it must, and what
+  // keeps it clear (render/layout/view.py's _clear_of_minimap).
+  function clearOfMinimap(box, x, y, vw, vh, k) {
+    const [mw, mh, inset, gap] = G.minimap;
+    const mapX = vw - (mw + inset + gap) / k, mapY = vh - (mh + inset + gap) / k;
+    const right = box[2] - x, bottom = box[3] - y;
+    if (right <= mapX) return [x, y, ["x", box[2] - mapX]];
+    if (bottom <= mapY) return [x, y, ["y", box[3] - mapY]];
+    if (box[0] - x - (right - mapX) >= G.margin / k) return [x + (right - mapX), y, ["x", box[2] - mapX]];
+    if (box[1] - y - (bottom - mapY) >= G.margin / k) return [x, y + (bottom - mapY), ["y", box[3] - mapY]];
+    return [x, y, null];
+  }
+  // The first view (render/layout/view.py's first_view): all of it when it fits at 100%; else at
+  // 100% the core, then the path to the root and the focus as far as they fit, off the overview
+  // map, no node cut by the pane's edges.
   function firstView() {
     sizePane();
     const [w, h] = paneSize();
-    const k = READABLE_ZOOM, vw = w / k, vh = h / k;
+    const M = G.margin, k = G.readable_zoom, vw = w / k, vh = h / k;
     view.k = k;
-    if (contentW <= w - 2 * MARGIN && contentH <= h - 2 * MARGIN) {
+    if (contentW <= w - 2 * M && contentH <= h - 2 * M) {
       view.x = (contentW - vw) / 2; view.y = (contentH - vh) / 2;
       applyView();
       return;
     }
-    const fits = (r) => r[2] - r[0] <= vw - 2 * MARGIN && r[3] - r[1] <= vh - 2 * MARGIN;
-    let box = rectOf(scene.core.slice(0, 1));
+    const fits = (r) => r[2] - r[0] <= vw - 2 * M && r[3] - r[1] <= vh - 2 * M;
+    const core = rectOf(scene.core.slice(0, 1));
+    let box = core;
     if (box) {
       for (const [group, strict] of [[scene.core.slice(1), true], [scene.path.slice().reverse(), true], [scene.focus, false]]) {
         for (const id of group) {
@@ -587,23 +677,22 @@ function render({ model, el: root }) {
       }
     } else {
       const top = rectOf(scene.focus) || [0, 0, contentW, 0];
-      box = [top[0], 0, top[2], Math.min(contentH, vh - 2 * MARGIN)];
+      box = [top[0], 0, top[2], Math.min(contentH, vh - 2 * M)];
     }
-    let x = (box[0] + box[2]) / 2 - vw / 2, y = (box[1] + box[3]) / 2 - vh / 2;
+    let x = (box[0] + box[2]) / 2 - vw / 2, y = (box[1] + box[3]) / 2 - vh / 2, keep;
     if (fits(box)) {
-      x = contentW + 2 * MARGIN > vw ? Math.min(Math.max(x, -MARGIN), Math.max(-MARGIN, contentW + MARGIN - vw)) : (contentW - vw) / 2;
-      x = Math.max(Math.min(x, box[0] - MARGIN), box[2] + MARGIN - vw);
-      y = contentH + 2 * MARGIN > vh ? Math.min(Math.max(y, -MARGIN), Math.max(-MARGIN, contentH + MARGIN - vh)) : (contentH - vh) / 2;
-      y = Math.max(Math.min(y, box[1] - MARGIN), box[3] + MARGIN - vh);
-    } else y = box[1] - MARGIN;
-    // Keep it off the overview map (bottom right).
-    const mapX = vw - (MINIMAP_W + MINIMAP_INSET + 4) / k, mapY = vh - (MINIMAP_H + MINIMAP_INSET + 4) / k;
-    const right = box[2] - x, bottom = box[3] - y;
-    if (right > mapX && bottom > mapY) {
-      if (box[0] - x - (right - mapX) >= MARGIN / k) x += right - mapX;
-      else if (box[1] - y - (bottom - mapY) >= MARGIN / k) y += bottom - mapY;
+      x = contentW + 2 * M > vw ? Math.min(Math.max(x, -M), Math.max(-M, contentW + M - vw)) : (contentW - vw) / 2;
+      x = Math.max(Math.min(x, box[0] - M), box[2] + M - vw);
+      y = contentH + 2 * M > vh ? Math.min(Math.max(y, -M), Math.max(-M, contentH + M - vh)) : (contentH - vh) / 2;
+      y = Math.max(Math.min(y, box[1] - M), box[3] + M - vh);
+      keep = box;
+    } else {
+      y = box[1] - M;
+      keep = core || box;
     }
-    view.x = x; view.y = y;
+    let least;
+    [x, y, least] = clearOfMinimap(box, x, y, vw, vh, k);
+    [view.x, view.y] = uncut(keep, x, y, vw, vh, least);
     applyView();
   }
 
@@ -733,6 +822,7 @@ function render({ model, el: root }) {
         if (node) node.classList.add(cls);
       }
     }
+    placeMinimap(overview()); // off the node just selected too
   }
 
   // -- find ---------------------------------------------------------------------------------------
@@ -757,7 +847,7 @@ function render({ model, el: root }) {
     const missing = reveal([id]);
     if (missing.length) { pendingReveal = id; requestLayout(missing); return; }
     drawGraph();
-    centerOn([id], Math.max(view.k, READABLE_ZOOM));
+    centerOn([id], Math.max(view.k, G.readable_zoom));
   }
   let findTimer = null;
   find.addEventListener("input", () => { clearTimeout(findTimer); findTimer = setTimeout(() => runFind(false), 150); });
@@ -808,8 +898,15 @@ function render({ model, el: root }) {
       if (d.saved_line) where.append(el("br"), el("span", "ja-line-ref", d.saved_label + ": " + d.saved_place + ": "),
                                      el("code", null, d.saved_source));
       card.append(where, el("div", "ja-diag-message", d.message));
+      // What to do first; the other ways (another place for the change, PyTorch's copy-keeping
+      // context manager) folded, so that the card leaves the graph on the first screen.
       const fix = el("div", "ja-diag-fix");
-      fix.append(el("div", "ja-fix-label", "Fix"), fixBlock(d.fix));
+      fix.append(el("div", "ja-fix-label", "Fix"), fixBlock(d.fix_main !== undefined ? d.fix_main : d.fix));
+      if (d.fix_more) {
+        const more = el("details", "ja-fix-more");
+        more.append(el("summary", "ja-fix-more-head", "other ways to fix it"), fixBlock(d.fix_more));
+        fix.append(more);
+      }
       card.append(fix);
       card.addEventListener("click", () => {
         model.set("selected_diagnosis", i);
@@ -900,7 +997,7 @@ function render({ model, el: root }) {
         target = target || row;
       }
       if (line === current) { row.classList.add("ja-src-current"); target = row; }
-      row.append(el("span", "ja-lineno", line), el("span", "ja-code", text));
+      row.append(el("span", "ja-lineno", line), inlineCode(text, "span", "ja-code"));
       source.append(row);
     });
     layoutSide();
@@ -945,28 +1042,38 @@ function render({ model, el: root }) {
     const its = model.get("iterations") || [0];
     return [its[i] || 0, i + 1 < its.length ? its[i + 1] : model.get("n_steps")];
   }
-  function drawStep() {
-    const n = model.get("n_steps");
+  // One slider over the whole timeline; the label names the iteration its thumb is in. With no
+  // step chosen the thumb waits at the problem's step (in the iteration shown), else at the
+  // iteration's first step.
+  function drawIteration() {
     const its = model.get("iterations") || [0];
-    const [first, end] = iterationRange(iteration);
-    slider.max = String(Math.max(0, end - first - 1));
-    slider.disabled = n === 0;
     iterBox.style.display = its.length > 1 ? "" : "none";
     iterLabel.textContent = "iteration " + (iteration + 1) + " of " + its.length;
     iterPrev.disabled = iteration === 0;
     iterNext.disabled = iteration + 1 >= its.length;
+  }
+  function drawStep() {
+    const n = model.get("n_steps");
+    const its = model.get("iterations") || [0];
     const info = model.get("step_info");
+    const chosen = model.get("step");
+    const shown = !!info && info.index !== undefined && info.index === chosen && chosen >= 0 && chosen < n;
+    if (shown) iteration = iterationOf(info.index);
+    const [first, end] = iterationRange(iteration);
+    slider.max = String(Math.max(0, n - 1));
+    slider.disabled = n === 0;
+    drawIteration();
     stepLabel.replaceChildren();
     const problem = model.get("problem_step");
-    if (!info || info.index === undefined || info.index < first || info.index >= end) {
-      slider.value = "-1";
+    if (!shown) {
+      slider.value = String(problem >= first && problem < end ? problem : first);
       let hint = (end - first) + " steps (one per line run" + (its.length > 1 ? ", " + its.length + " iterations" : "") +
                  "): move the slider to replay them.";
       if (problem >= first && problem < end) hint += " The problem is at step " + (problem - first + 1) + ".";
       stepLabel.append(el("span", "ja-hint", hint));
       return;
     }
-    slider.value = String(info.index - first);
+    slider.value = String(info.index);
     const ops = info.ops.map(([name, count]) => count > 1 ? name + " \u00d7" + count : name).join(", ");
     stepLabel.append(el("span", "ja-step-index", "step " + (info.index - first + 1) + " of " + (end - first) + " "),
                      el("span", "ja-line-ref", (info.where || "line " + info.line) + ": "),
@@ -987,9 +1094,10 @@ function render({ model, el: root }) {
     model.save_changes();
   }
   slider.addEventListener("input", () => {
-    const [first] = iterationRange(iteration);
     const v = Number(slider.value);
-    setStep(v < 0 ? -1 : first + v);
+    iteration = iterationOf(v);
+    drawIteration();
+    setStep(v);
   });
   function goIteration(i) {
     const its = model.get("iterations") || [0];
@@ -1002,6 +1110,7 @@ function render({ model, el: root }) {
 
   function onScene() {
     scene = parseScene(model.get("scene"));
+    G = scene.geometry;
     for (const b of [...openSet]) if (!scene.boxes.has(b)) openSet.delete(b);
     drawGraph();
     if (pendingReveal !== null) {
@@ -1010,7 +1119,7 @@ function render({ model, el: root }) {
       if (missing.length && requestLayout(missing)) return;
       pendingReveal = null;
       drawGraph();
-      centerOn([id], Math.max(view.k, READABLE_ZOOM));
+      centerOn([id], Math.max(view.k, G.readable_zoom));
     }
     root.dataset.ready = "1";
   }
@@ -1020,7 +1129,7 @@ function render({ model, el: root }) {
     const missing = reveal(ids);
     if (missing.length) requestLayout(missing);
     drawGraph();
-    if (positioned && ids.length) centerOn(ids, Math.max(view.k, READABLE_ZOOM));
+    if (positioned && ids.length) centerOn(ids, Math.max(view.k, G.readable_zoom));
   }
 
   const problem = model.get("problem_step");

@@ -102,7 +102,9 @@ class AutogradWidget(anywidget.AnyWidget):
         self._max_children = max_children
         self._static_elsewhere = False   # display_trace shows the static pictures in an output of their own
         start = time.perf_counter()
-        scene = layout.build_scene(trace, max_children)
+        # The bars on module boxes take room in them: the scene's sizes need to know which have one.
+        self.grad_health = health.module_health(_stats_of(trace))
+        scene = layout.build_scene(trace, max_children, badges=self.grad_health)
         self.scene = scene.to_json()
         # Kept only while some boxes still have to be laid out on request (large graphs).
         self._scene = scene if len(scene.layers) < len(scene.boxes) + 1 else None
@@ -121,7 +123,6 @@ class AutogradWidget(anywidget.AnyWidget):
         self.n_steps = len(self._steps)
         self.iterations = timeline.iterations_of(trace, self._steps)
         self.problem_step = self._step_of(trace.diagnoses[0].op_index) if trace.diagnoses else -1
-        self.grad_health = health.module_health(_stats_of(trace))
         if trace.diagnoses:
             self.selected_diagnosis = 0
 
@@ -130,6 +131,16 @@ class AutogradWidget(anywidget.AnyWidget):
             return -1
         at = bisect.bisect_right([first for first, _ in self._steps], op_index) - 1
         return at if 0 <= at < len(self._steps) else -1
+
+    def view_scene(self) -> layout.Scene:
+        """The Scene behind the synced `scene`: the one kept for boxes still to lay out, else built
+        again as it was (with every box the front end has laid out), for the static pictures and
+        for asking where the front end places things (`layout.place`)."""
+        if self._scene is not None:
+            return self._scene
+        scene = layout.build_scene(self._trace, self._max_children, badges=self.grad_health)
+        layout.lay_out(scene, list(self.scene.get("rows", {})))
+        return scene
 
     # -- static pictures ---------------------------------------------------------------------------
     def static_bundle(self) -> Dict[str, str]:
@@ -307,7 +318,7 @@ class AutogradWidget(anywidget.AnyWidget):
         rows = [["grad_fn", node.name],
                 ["created by", "%s: %s" % (self._line_of(op), op.location.source if op.location else op.name)
                  if op else "(outside the block)"]]
-        shape = layout._node_shape(trace, key)
+        shape = layout.node_shape(trace, key)
         if shape:
             rows.append(["gradient shape", shape])
         if node.variable is not None:
@@ -350,7 +361,7 @@ class AutogradWidget(anywidget.AnyWidget):
         box = next((b for b in self.scene.get("boxes", []) if b[0] == key), None)
         if box is None:
             return {"kind": "group", "title": key, "rows": []}
-        _, kind, label, sub, _, name, count, _ = box
+        kind, label, sub, name, count = box[1], box[2], box[3], box[5], box[6]
         title = _group_title(self._trace, name) if kind == "module" else label
         rows = [["nodes", str(count)]]
         if kind == "line":
@@ -405,11 +416,25 @@ def _group_title(trace: TraceData, name: str) -> str:
 
 
 
+def fix_parts(fix: str):
+    """A fix as its card shows it: what to do, then the other ways (folded). What to do runs to its
+    last code block (the lines to write, and what it says between them); without code, it is the
+    first paragraph. The rest (another place for the change, PyTorch's context manager that keeps
+    a copy) is optional and stays one click away, so that the card does not push the graph off
+    the first screen."""
+    lines = (fix or "").split("\n")
+    code = [i for i, line in enumerate(lines) if line.startswith("    ")]
+    cut = code[-1] + 1 if code else 1
+    return "\n".join(lines[:cut]), "\n".join(line for line in lines[cut:] if line.strip())
+
+
 def _diagnosis_dict(trace: TraceData, d) -> Dict:
     """What a diagnosis's card shows. `line`/`saved_line` number the lines to mark in the source
     pane; `place`/`saved_place` say where they are (`In [2], line 16`, `model.py, line 41`) and
     `saved_label` what the second line is ("saved", "freed by", ...)."""
-    return {"kind": d.kind, "title": d.title, "message": d.message, "fix": d.fix, "line": d.line or 0,
+    main, more = fix_parts(d.fix)
+    return {"kind": d.kind, "title": d.title, "message": d.message, "fix": d.fix, "fix_main": main, "fix_more": more,
+            "line": d.line or 0,
             "saved_line": d.saved_line or 0, "source": d.source, "saved_source": d.saved_source,
             "place": trace.place(d.filename, d.line) if d.line else "",
             "saved_place": trace.place(d.saved_filename or d.filename, d.saved_line) if d.saved_line else "",
