@@ -12,7 +12,7 @@ import jupyter_autograd as ja
 from jupyter_autograd.render.text import exception_note
 
 from . import scenario_runner as runner
-from .conftest import ROOT
+from .conftest import ROOT, shared_scenario
 from .test_fixes import FILES
 
 HAS_NOTES = sys.version_info >= (3, 11)
@@ -282,7 +282,7 @@ SECOND_LINES = {  # a scenario of each kind that has a second line, and the word
 def test_the_second_line_says_what_it_is(name):
     from jupyter_autograd.widget.widget import _diagnosis_dict, static_html
 
-    path = next(p for p in FILES if p.name == name)
+    path = shared_scenario(name)
     sc = runner.load(str(path))
     _, _, trace = runner.execute(sc.source, sc.path, captured=True, options=sc.options)
     kind, label = SECOND_LINES[name]
