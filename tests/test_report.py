@@ -128,6 +128,23 @@ def test_a_block_that_stops_before_any_tensor_op_says_so():
     assert "no problems found" not in report and "0 operations" not in report
 
 
+def test_counts_of_one_are_singular():
+    from jupyter_autograd.model import GraphNode, TraceData
+    from jupyter_autograd.render.text import graph_summary
+
+    w = torch.ones(2, requires_grad=True)
+    with ja.capture() as trace:
+        y = w * 2  # noqa: F841  (kept, so its graph is there at the end)
+    summary = trace.report().split("\n\n")[-1]
+    assert summary.startswith("1 operation recorded, 0 backward calls.\n"), summary
+    assert ", 1 saved tensor." in summary, summary
+    one_node = TraceData(nodes={1: GraphNode(key=1, name="MulBackward0")})
+    assert graph_summary(one_node).splitlines()[1] == "Graph: 1 node (MulBackward0), 0 saved tensors."
+    # Every count in the report: a 1 never goes with a plural.
+    assert not re.search(r"(?<![\d.])1 (operations|nodes|backward calls|saved tensors|problems)\b",
+                         trace.report() + graph_summary(one_node))
+
+
 def test_a_one_line_cell_shows_its_line_once(tmp_path):
     line = "a = torch.ones(3, requires_grad=True); y = a.exp(); y += 1; y.sum().backward()"
     proc = run_script(tmp_path, "import torch\nimport jupyter_autograd as ja\ntry:\n    with ja.capture() as t:\n"
