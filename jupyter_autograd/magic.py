@@ -19,6 +19,7 @@ cells IPython did not rewrite.
 import ast
 import builtins
 import keyword
+import linecache
 import os
 import re
 import sys
@@ -44,6 +45,8 @@ _MAGICS = "get_ipython().magics_manager.registry['AutogradMagics']"
 class AutogradMagics(Magics):
     _value = None  # the value of a rewritten cell's last expression, on its way out of the block
     _widgets = None  # the _WidgetsOfCells that closes the widgets no output shows any more
+    _after = None  # the _AfterTheTraceback that prints a failing cell's text after its traceback
+    _first_lines = None  # a cell's file name -> its first line as typed (`%%autograd -q`)
 
     # IPython prefixes the usage line with one `%` (a line magic's): the name brings the second.
     @magic_arguments(name="%autograd")
@@ -64,6 +67,10 @@ class AutogradMagics(Magics):
 
         The cell's last expression is still its result; its exceptions and tracebacks are the
         same as without the magic. Only the thread that runs the cell is recorded.
+
+        A cell with nothing to show (no autograd graph, or an error that no autograd problem
+        explains) gets one line instead of the widget. A terminal, which shows only text, gets
+        the text report; the text report of a cell that raised comes after its traceback.
         """
         if {"-h", "--help"} & set(line.split()):
             print(self.autograd.__doc__)
@@ -95,7 +102,7 @@ class AutogradMagics(Magics):
     # -- called by the rewritten cell ------------------------------------------------------------
     def _cell(self, line):
         self._value = None
-        return _CellCapture(self, _parse(line))
+        return _CellCapture(self, _parse(line), ("%%autograd " + line).rstrip())
 
     def _keep(self, value):
         self._value = value
@@ -107,17 +114,26 @@ class AutogradMagics(Magics):
     def _show_value(self, value):
         sys.displayhook(value)
 
-    def _show(self, trace, args, filename):
+    def _show(self, trace, args, filename, raised=False):
+        """The report: the widget; the text report with --text or where the front end shows only
+        text (a terminal); one line for a cell with nothing to show. Text about a cell that raised
+        comes after its traceback, where the reader is (a terminal's traceback is 40 lines)."""
         if args.quiet and not trace.diagnoses and not trace.warnings:  # a failed analysis is said, always
             return
         try:
-            from IPython.display import display
-            _show_first_line_as_typed(trace, filename)
-            if args.text:
-                display({"text/plain": trace.report()}, raw=True)
-            else:
+            text_only = _shows_only_text(self.shell)
+            line = _nothing_to_show(trace, args.output)
+            if line is None and not args.text and not text_only:
                 from .widget import display_trace
                 display_trace(trace, filename=filename)
+                return
+            if line is None:
+                line = trace.report()
+                if not args.text:  # a terminal: no view, and the same cell in Jupyter has one
+                    line += "\n" + TERMINAL_HINT
+            if raised and (args.text or text_only) and self._after is not None and self._after.later(line):
+                return
+            _display_text(line)
         except Exception as exc:  # our display must never hide the user's result or exception
             warn("jupyter_autograd could not display its report (%s: %s)" % (type(exc).__name__, exc))
             try:
@@ -129,15 +145,17 @@ class AutogradMagics(Magics):
 class _CellCapture:
     """The `with` around a rewritten cell's statements: records them, then shows the report."""
 
-    def __init__(self, magics, args):
+    def __init__(self, magics, args, first_line):
         self.magics = magics
         self.args = args
+        self.first_line = first_line
         # The traceback stays as without the magic (no note): the widget under it explains it.
         self.recorder = capture(namespace=[magics.shell.user_ns], check_nan=args.nan, note_exceptions=False)
         self.filename = None
 
     def __enter__(self):
         self.filename = sys._getframe(1).f_code.co_filename  # the cell's name, for the widget's source
+        _hide_the_magic_line(self.magics, self.filename, self.first_line)
         try:
             self.recorder.__enter__()
         except Exception as exc:  # the user's cell runs, recorded or not
@@ -153,9 +171,10 @@ class _CellCapture:
         try:
             self.recorder.__exit__(exc_type, exc, tb)
             trace = self.recorder.trace
+            _show_first_lines_as_typed(trace, self.magics._first_lines)
             if self.args.output is not None:
                 self.magics.shell.user_ns[self.args.output] = trace
-            self.magics._show(trace, self.args, self.filename)
+            self.magics._show(trace, self.args, self.filename, raised=exc is not None)
         except KeyboardInterrupt:
             # The cell's statements are over: an interrupt now stops the tool's work, not the cell,
             # whose result (or own exception) stands; the output says the report was cut short.
@@ -345,18 +364,117 @@ def _marked_flags(tree):
     return None
 
 
-def _show_first_line_as_typed(trace, filename):
-    """In the report's copy of the cell, line 1 reads `%%autograd ...` again, not its marker.
-    (IPython's own copy keeps the marker: its tracebacks parse the cell's source.)"""
-    lines = trace.sources.get(filename)
-    if not lines:
+def _hide_the_magic_line(magics, filename, first_line):
+    """IPython's copy of the cell (linecache), which its tracebacks and pdb show, gets a blank line 1
+    instead of the marker, so that a traceback reads as without the magic: `----> 3 print(y)` under
+    `Cell In[5], line 3`, not `1 '%%autograd'` above it. Blank, not `%%autograd` itself: tracebacks
+    parse the cell to show whole statements, and a line that is not Python would stop that."""
+    entry = linecache.cache.get(filename)
+    if not entry or len(entry) != 4 or not entry[2] or entry[2][0].rstrip("\n") != repr(first_line):
         return
+    size, mtime, lines, fullname = entry
+    linecache.cache[filename] = (size, mtime, ["\n"] + list(lines[1:]), fullname)
+    if magics._first_lines is None:
+        magics._first_lines = {}
+    magics._first_lines[filename] = first_line + "\n"
+
+
+def _show_first_lines_as_typed(trace, first_lines):
+    """In the report's copy of each %%autograd cell it shows (the running one, and those whose
+    functions ran), line 1 reads `%%autograd ...` as typed, not blank."""
+    for filename, lines in trace.sources.items():
+        if lines and first_lines and filename in first_lines and not lines[0].strip():
+            lines[0] = first_lines[filename]
+
+
+def _shows_only_text(shell):
+    """Whether the front end shows only text/plain: a terminal (IPython's TerminalInteractiveShell
+    turns the other formats off), where a widget is a line of text."""
     try:
-        first = ast.literal_eval(lines[0])
-    except (SyntaxError, ValueError):
-        return
-    if isinstance(first, str) and _flags(first) is not None:
-        lines[0] = first + "\n"
+        return "text/html" not in shell.display_formatter.active_types
+    except AttributeError:
+        return False
+
+
+TERMINAL_HINT = ("(a terminal shows the text report; in Jupyter the same cell draws the graph, and "
+                 "`%%autograd -o tr` then `tr.save_html('report.html')` writes it to a file)")
+
+
+def _nothing_to_show(trace, kept_as=None):
+    """One line for a cell whose report would show nothing of use, else None. Nothing to show: no
+    problem found and the analysis whole, and either the cell raised (its error is not an autograd
+    problem, and a graph or a green "no problems" under a red error would only distract from it),
+    or it made no autograd graph (no tensor operation, or none on a tensor that requires grad)."""
+    if trace.diagnoses or trace.warnings:
+        return None
+    ops, nodes = len(trace.ops), len(trace.nodes)
+    if trace.error:
+        kind = trace.error.split(":", 1)[0].strip() or "an exception"
+        if not ops:
+            line = "the cell raised %s before any tensor operation ran: nothing to check" % kind
+        else:
+            line = "no autograd problem found; the cell raised %s (%s, %s recorded)" % (
+                kind, _count(ops, "tensor operation"), _count(nodes, "graph node"))
+    elif not nodes:
+        line = ("no tensor operation ran: nothing to check" if not ops else
+                "%s, no autograd graph (no input that requires grad, or grad mode off): nothing to check"
+                % _count(ops, "tensor operation"))
+    else:
+        return None
+    kept = "; `%s` keeps the trace" % kept_as if kept_as else ""
+    return "jupyter-autograd: %s%s." % (line, kept)
+
+
+def _count(n, noun):
+    return "%d %s%s" % (n, noun, "" if n == 1 else "s")
+
+
+def _display_text(text):
+    from IPython.display import display
+
+    display({"text/plain": text}, raw=True)
+
+
+class _AfterTheTraceback:
+    """Holds the text report of a cell that raised until IPython has shown the cell's traceback
+    (its post_run_cell event comes after it), so that the report is not scrolled away above a long
+    torch traceback. Only inside a cell IPython runs and announces (pre_run_cell): a cell run
+    otherwise has no post_run_cell to wait for, and shows its report at once."""
+
+    def __init__(self, shell):
+        self.shell = shell
+        self.running = False
+        self.pending = []
+
+    def start(self):
+        self.shell.events.register("pre_run_cell", self.pre_run_cell)
+        self.shell.events.register("post_run_cell", self.post_run_cell)
+        return self
+
+    def stop(self):
+        for event, callback in (("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)):
+            try:
+                self.shell.events.unregister(event, callback)
+            except ValueError:
+                pass
+
+    def later(self, text):
+        """Keep `text` for after the traceback; False where there will be no after."""
+        if not self.running:
+            return False
+        self.pending.append(text)
+        return True
+
+    def pre_run_cell(self, info=None):
+        self.running, self.pending = True, []
+
+    def post_run_cell(self, result=None):
+        pending, self.running, self.pending = self.pending, False, []
+        for text in pending:
+            try:
+                _display_text(text)
+            except Exception as exc:
+                warn("jupyter_autograd could not display its report (%s: %s)" % (type(exc).__name__, exc))
 
 
 def _assigned_name(statement):
@@ -501,6 +619,7 @@ def load(ipython):
     _stop_watching_widgets(ipython)
     ipython.register_magics(AutogradMagics)
     magics = ipython.magics_manager.registry["AutogradMagics"]
+    magics._after = _AfterTheTraceback(ipython).start()
     try:
         magics._widgets = _WidgetsOfCells(ipython).start()
         warm_up()
@@ -527,9 +646,10 @@ def _remove_cell_names(ipython):
 
 
 def _stop_watching_widgets(ipython):
-    watcher = getattr(ipython.magics_manager.registry.get("AutogradMagics"), "_widgets", None)
-    if watcher is not None:
-        watcher.stop()
+    magics = ipython.magics_manager.registry.get("AutogradMagics")
+    for watcher in (getattr(magics, "_widgets", None), getattr(magics, "_after", None)):
+        if watcher is not None:
+            watcher.stop()
 
 
 def _remove_rewrite(ipython):

@@ -21,6 +21,8 @@ test ends): read it after the code it is about.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
 # jupyter_autograd (and torch) are imported when a test needs them, not when pytest starts.
@@ -96,9 +98,12 @@ def pytest_runtest_call(item):
     from jupyter_autograd.model import PROBLEM_KINDS
 
     trace = live.stop()
-    if any(d.kind in PROBLEM_KINDS for d in trace.diagnoses):
-        pytest.fail("the test's code breaks autograd (pytest --autograd; mark it autograd_ok if it means to)\n\n"
-                    + trace.report(), pytrace=False)
+    problems = [d for d in trace.diagnoses if d.kind in PROBLEM_KINDS]
+    if problems:
+        summary = _summary(item, trace, problems[0], len(problems) - 1)
+        item.stash[_SUMMARY] = summary
+        pytest.fail(summary + "\nthe test's code breaks autograd (pytest --autograd; mark it autograd_ok if it means "
+                    "to)\n\n" + trace.report(), pytrace=False)
     if trace.warnings:  # passed, but only what was analysed: said in the warnings summary
         item.warn(AnalysisIncomplete(trace.report()))
     return result
@@ -117,5 +122,56 @@ def _explain(item, exc, trace):
         if note:
             exc.add_note(note)
             item.add_report_section("call", "autograd", trace.report())
+            explains = _explaining(trace)
+            if explains is not None:
+                error = (trace.error or "").split("\n", 1)[0]
+                item.stash[_SUMMARY] = _summary(item, trace, explains, 0) + ("; " + error if error else "")
     except Exception:
         pass
+
+
+# The short summary line of a test that --autograd failed, or whose exception a diagnosis explains:
+# `[saved-tensor-modified] tests/test_model.py:16 A tensor saved for backward was modified in place (`y`)`.
+_SUMMARY = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The line pytest's short test summary shows for the test (and junitxml's failure message) names
+    the kind and the culprit line, not the first words of the report ("Failed: the t...")."""
+    report = yield
+    summary = item.stash.get(_SUMMARY, None)
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if summary and report.when == "call" and report.failed and crash is not None:
+        try:
+            crash.message = summary
+        except Exception:  # another pytest's report: its own line stays
+            pass
+    return report
+
+
+def _summary(item, trace, d, more):
+    """`[kind] path:line title`, the path as pytest writes the test's own (relative to its rootdir)."""
+    where = ""
+    if d.line is not None and d.filename:
+        path = d.filename
+        try:
+            relative = os.path.relpath(path, str(item.config.rootpath))
+            path = relative if not relative.startswith(os.pardir) else trace.file_label(path)
+        except ValueError:  # another drive (Windows)
+            path = trace.file_label(path)
+        where = " %s:%d" % (path, d.line)
+    tail = " (and %d more problem%s)" % (more, "" if more == 1 else "s") if more else ""
+    return "[%s]%s %s%s" % (d.kind, where, d.title, tail)
+
+
+def _explaining(trace):
+    """The diagnosis whose note explains the test's exception (the one exception_note would write)."""
+    from dataclasses import replace
+
+    from jupyter_autograd.render.text import exception_note
+
+    for d in trace.diagnoses:
+        if exception_note(replace(trace, diagnoses=[d])) is not None:
+            return d
+    return None

@@ -14,6 +14,9 @@ want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16) torch==$TO
 if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0  # up to date; delete $STAMP to force a new setup
 fi
+# pip runs quietly, for minutes on a first run: say what it is doing.
+say() { echo "setup ($VENV): $*"; }
+say "installing what the demo and the tests need, in 3 steps (a few minutes the first time; a later run checks in a second)"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 # torch first, pinned: pip takes a CPU wheel where one is offered (the local one here, or
 # --index-url https://download.pytorch.org/whl/cpu); any looser torch requirement would pull
@@ -21,6 +24,7 @@ fi
 constraint=$(mktemp)
 trap 'rm -f "$constraint"' EXIT
 echo "torch==$TORCH" > "$constraint"
+say "1/3 torch $TORCH ..."
 "$VENV/bin/python" -m pip install -q "torch==$TORCH" 2>&1 | grep -v "is ignored" || true
 # The project's own dependencies without torch (so a torch outside the declared range can be
 # tried), then the project itself in editable mode.
@@ -35,8 +39,11 @@ with open("pyproject.toml", "rb") as f:
 deps = project["dependencies"] + project["optional-dependencies"]["test"] + project["optional-dependencies"]["bench"]
 print("\n".join(d for d in deps if re.split(r"[\s<>=!~\[;]", d, maxsplit=1)[0] != "torch"))
 PY
+say "2/3 JupyterLab, ipywidgets, matplotlib and the test tools ..."
 "$VENV/bin/python" -m pip install -q -c "$constraint" -r "${constraint}.reqs" 2>&1 | grep -v "is ignored" || true
 rm -f "${constraint}.reqs"
+say "3/3 jupyter-autograd itself (editable) ..."
 "$VENV/bin/python" -m pip install -q --no-deps -e . 2>&1 | grep -v "is ignored" || true
 "$VENV/bin/python" -c "import torch, jupyter_autograd, jupyterlab, playwright; print('torch', torch.__version__)"
 echo "$want" > "$STAMP"
+say "done in ${SECONDS}s"

@@ -24,6 +24,18 @@ def scenario_files(real_cases=True):
     return files
 
 
+def shared_scenario(name):
+    """The file `name` of the shared corpora, for a test about that one case. Where ../shared is not
+    beside the checkout (a fresh clone), the test skips and says why; in CI that is a failure, as
+    for the corpora themselves, and so is a file the shared corpora do not have (a renamed case)."""
+    for corpus in (SHARED_SCENARIOS, SHARED_ERROR_SCENARIOS):
+        if (corpus / name).is_file():
+            return corpus / name
+    if IN_CI or SHARED_SCENARIOS.is_dir():
+        pytest.fail("%s is not in the shared corpora (%s, %s)" % (name, SHARED_SCENARIOS, SHARED_ERROR_SCENARIOS))
+    pytest.skip("needs %s of the shared corpora, and ../shared is not beside this checkout" % name)
+
+
 @pytest.fixture
 def shell():
     """A fresh InteractiveShell per test, with the extension loaded."""

@@ -74,10 +74,103 @@ def test_last_expression_is_still_the_result(shell):
     assert shell.user_ns["_"] == 4.0
 
 
-def test_cell_without_tensors(shell):
-    result, cap = run(shell, "%%autograd --text\nwords = ['no', 'tensors']\nlen(words)")
-    assert result.success and result.result == 2
-    assert "no problems found" in cap.stdout and "0 operations recorded" in cap.stdout
+# -- cells with nothing to show: one line, not the widget (issue 31) ----------------------------------
+
+NOTHING_TO_SHOW = {  # the cell's body -> the one line %%autograd shows for it
+    "words = ['no', 'tensors']\nlen(words)":
+        "jupyter-autograd: no tensor operation ran: nothing to check.",
+    "import torch\nt = torch.ones(3) * 2\nt.sum()":
+        "jupyter-autograd: 3 tensor operations, no autograd graph (no input that requires grad, or grad mode off): "
+        "nothing to check.",
+    "x = 1\nprint(undefined_name)":
+        "jupyter-autograd: the cell raised NameError before any tensor operation ran: nothing to check.",
+    "import torch\nw = torch.ones(2, requires_grad=True)\nloss = (w * 3).sum()\nprint(undefined_name)":
+        "jupyter-autograd: no autograd problem found; the cell raised NameError (3 tensor operations, "
+        "3 graph nodes recorded).",
+}
+
+
+@pytest.mark.parametrize("flags", ["", "--text"])
+@pytest.mark.parametrize("body", NOTHING_TO_SHOW, ids=["no tensors", "no graph", "NameError first",
+                                                       "NameError after a graph"])
+def test_a_cell_with_nothing_to_show_gets_one_line(shell, body, flags):
+    result, cap = run(shell, ("%%autograd " + flags).strip() + "\n" + body)
+    (output,) = cap.outputs  # no widget, no picture: one output
+    assert output.data == {"text/plain": NOTHING_TO_SHOW[body]}
+    assert "no problems found" not in cap.stdout.lower()
+    if "undefined_name" in body:
+        assert isinstance(result.error_in_exec, NameError)
+        # The traceback reads as without the magic: no line 1 `'%%autograd'` in it.
+        assert "%%autograd" not in cap.stdout and re.search(r"----> \d+ print\(undefined_name\)", cap.stdout)
+    else:
+        assert result.success
+
+
+def test_a_cell_with_nothing_to_show_says_where_its_trace_is(shell):
+    _, cap = run(shell, "%%autograd -o tr\nx = 1")
+    (output,) = cap.outputs
+    assert output.data["text/plain"] == "jupyter-autograd: no tensor operation ran: nothing to check; `tr` keeps the trace."
+    assert isinstance(shell.user_ns["tr"], Trace)
+    _, cap = run(shell, "%%autograd -q\nx = 1\nprint(undefined_name)")
+    assert cap.outputs == []  # -q: nothing unless a problem
+
+
+def test_a_graph_without_problems_still_gets_the_widget(shell):
+    result, cap = run(shell, "%%autograd\nimport torch\nw = torch.ones(2, requires_grad=True)\n(w * 2).sum().backward()")
+    assert result.success
+    assert any("application/vnd.jupyter.widget-view+json" in o.data for o in cap.outputs)
+
+
+def test_the_kept_trace_shows_the_cell_as_typed(shell):
+    run(shell, "%%autograd -q -o tr\nimport torch\nw = torch.ones(2, requires_grad=True)\n(w * 2).sum().backward()")
+    tr = shell.user_ns["tr"]
+    (lines,) = [lines for name, lines in tr.sources.items() if tr.source_names.get(name, "").startswith("In [")]
+    assert lines[0] == "%%autograd -q -o tr\n" and lines[1] == "import torch\n"
+
+
+# -- a terminal: no view, the text report, after the traceback ----------------------------------------
+
+@pytest.fixture
+def terminal(shell):
+    """The shell as IPython's terminal sets it up: text/plain is the only format it shows."""
+    shell.display_formatter.active_types = ["text/plain"]
+    return shell
+
+
+def test_a_terminal_gets_the_text_report_not_a_view(terminal):
+    result, cap = run(terminal, "%%autograd\n" + BROKEN)
+    assert isinstance(result.error_in_exec, RuntimeError)
+    assert "interactive view" not in cap.stdout
+    assert not any("application/vnd.jupyter.widget-view+json" in o.data for o in cap.outputs)
+    (output,) = cap.outputs
+    report = output.data["text/plain"]
+    assert report.startswith("jupyter-autograd: 1 problem found") and "y = y + 1" in report
+    assert report.endswith("(a terminal shows the text report; in Jupyter the same cell draws the graph, and "
+                           "`%%autograd -o tr` then `tr.save_html('report.html')` writes it to a file)")
+
+
+@pytest.mark.parametrize("flags", ["", "--text"])
+def test_a_text_report_of_a_cell_that_raised_comes_after_its_traceback(terminal, flags):
+    with capture_output(display=False) as cap:  # the display printed to stdout too: all in the order read
+        terminal.run_cell(("%%autograd " + flags).strip() + "\n" + BROKEN, store_history=True)
+    out = cap.stdout
+    assert out.index("Traceback (most recent call last)") < out.index("RuntimeError: one of the variables") \
+        < out.index("jupyter-autograd: 1 problem found"), out
+
+
+def test_a_text_report_of_a_cell_that_did_not_raise_comes_before_its_result(shell):
+    with capture_output(display=False) as cap:
+        shell.run_cell("%%autograd --text\nimport torch\nw = torch.ones(2, requires_grad=True)\n"
+                       "y = w.exp()\ny += 1\n42", store_history=True)
+    assert cap.stdout.index("jupyter-autograd: 1 problem found") < cap.stdout.index("Out["), cap.stdout
+
+
+def test_a_cell_run_outside_a_shell_cell_shows_its_report_at_once(shell):
+    """run_cell_magic called by code, with no cell around it (no post_run_cell to wait for)."""
+    with capture_output(display=False) as cap:
+        with pytest.raises(RuntimeError):
+            shell.run_cell_magic("autograd", "--text", BROKEN)
+    assert "jupyter-autograd: 1 problem found" in cap.stdout
 
 
 def test_help_and_question_mark(shell):
@@ -134,7 +227,7 @@ def test_display_failure_degrades_to_a_warning(shell, monkeypatch):
 
     monkeypatch.setattr(text, "text_report", lambda trace: 1 / 0)
     with pytest.warns(RuntimeWarning, match="could not display"):
-        result, _ = run(shell, "%%autograd --text\nimport torch\nq = torch.ones(1) + 1\nq.item()")
+        result, _ = run(shell, "%%autograd --text\nimport torch\nq = torch.ones(1, requires_grad=True) + 1\nq.item()")
     assert result.result == 2.0
 
 
@@ -155,7 +248,8 @@ def test_our_warning_never_replaces_the_users_exception(shell, monkeypatch):
     monkeypatch.setattr(text, "text_report", lambda trace: 1 / 0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a user who turned every warning into an error
-        result, cap = run(shell, "%%autograd --text\nraise KeyError('mine')")
+        result, cap = run(shell, "%%autograd --text\nimport torch\nx = torch.ones(2, requires_grad=True)\n"
+                                 "y = x.exp()\ny += 1\nraise KeyError('mine')")
     assert isinstance(result.error_in_exec, KeyError)
     assert "could not display" in cap.stdout
 

@@ -61,6 +61,34 @@ def test_an_error_fails_the_cell_with_the_same_traceback(kernel):
     assert not [m for m in magic_messages if m["msg_type"] == "display_data"]  # -q: nothing to report
 
 
+def displayed(messages):
+    return [m["content"]["data"] for m in messages if m["msg_type"] == "display_data"]
+
+
+@pytest.mark.parametrize("body, line", [
+    ("x = 1\nprint(undefined_name)\n",
+     "jupyter-autograd: the cell raised NameError before any tensor operation ran: nothing to check."),
+    ("words = ['no', 'tensors']\nlen(words)\n", "jupyter-autograd: no tensor operation ran: nothing to check."),
+], ids=["NameError", "no torch code"])
+def test_a_cell_with_nothing_to_show_gets_one_line(kernel, body, line):
+    """Not the widget (a search box, an empty graph pane, "0 steps", and a green "No problems found"
+    under the red "The cell raised NameError"): one line of text."""
+    _, client = kernel
+    plain, _ = execute(client, "# plain\n" + body)
+    magic, messages = execute(client, "%%autograd\n" + body)
+    assert displayed(messages) == [{"text/plain": line}]
+    assert magic["status"] == plain["status"]
+    if magic["status"] == "error":
+        assert (magic["ename"], magic["evalue"]) == (plain["ename"], plain["evalue"]) == (
+            "NameError", "name 'undefined_name' is not defined")
+        # The traceback reads as without the magic: the line that raised, no `1 '%%autograd'` above it.
+        tb = ANSI.sub("", "\n".join(magic["traceback"]))
+        assert "%%autograd" not in tb and "----> 3 print(undefined_name)" in tb, tb
+        assert frames(magic) == frames(plain) == ["Cell In[N], line 3"]
+    else:
+        assert results(messages) == ["2"]
+
+
 @pytest.mark.parametrize("first_line", ["# plain", "%%autograd -q"])
 def test_an_interrupt_stops_run_all(kernel, first_line):
     manager, client = kernel

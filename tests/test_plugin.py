@@ -69,15 +69,16 @@ PROJECT = {
 }
 
 
-def run_pytest(tmp_path, *args):
+def run_pytest(tmp_path, *args, **env_extra):
     for name, source in PROJECT.items():
         (tmp_path / name).write_text(textwrap.dedent(source).lstrip())
     installed = any(ep.value == "jupyter_autograd.pytest_plugin"
                     for ep in importlib.metadata.entry_points(group="pytest11"))
     # Where this checkout is not installed with its entry point, load the plugin the way it would.
     load = [] if installed else ["-p", "jupyter_autograd.pytest_plugin"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200")  # the short summary's lines are cut to the width
     env.pop("CI", None)
+    env.update(env_extra)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *load, *args],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     outcomes = {test: outcome for outcome, test in re.findall(r"^(PASSED|FAILED) test_\w+\.py::(\w+)",
@@ -121,3 +122,26 @@ def test_with_the_flag_the_silent_corruption_fails_with_the_report(tmp_path):
         assert 'the whole report is in the "Captured autograd call" section below' in raised, raised
     section = raised.split("Captured autograd call", 1)[1]
     assert "1. [saved-tensor-modified]" in section and "version: saved at 0, now 1" in section, raised
+
+
+def test_the_short_summary_names_the_kind_and_the_line(tmp_path):
+    """Not "Failed: the t...": the line of the short test summary says what broke autograd and where,
+    as pytest writes a place (test_model.py:16), for a test that passed and one that raised."""
+    proc, _ = run_pytest(tmp_path, "--autograd")
+    summary = proc.stdout.split("short test summary info", 1)[1]
+    lines = {line.split(" - ", 1)[0]: line.split(" - ", 1)[1] for line in summary.splitlines() if " - " in line}
+    assert lines["FAILED test_model.py::test_sigmoid_gradient_is_computed"] == (
+        "[silent-data-mutation] test_model.py:16 Silent gradient corruption through .data (`out`)"), summary
+    assert lines["FAILED test_model.py::test_backward_after_an_inplace_write"].startswith(
+        "[saved-tensor-modified] test_model.py:31 A tensor saved for backward was modified in place (`y`); "
+        "RuntimeError: one of the variables"), summary
+    assert lines["FAILED test_fixture.py::test_fixture_sees_the_problem"] == (
+        "[silent-data-mutation] test_fixture.py:14 Silent gradient corruption through .data (`out`)"), summary
+    # The failure itself starts with the same line.
+    failure = proc.stdout.split("test_sigmoid_gradient_is_computed ___", 1)[1]
+    assert failure.lstrip("_ \n").startswith(
+        "[silent-data-mutation] test_model.py:16 Silent gradient corruption through .data (`out`)\n"), failure[:500]
+    # In CI, pytest writes the whole message: still one line.
+    ci, _ = run_pytest(tmp_path, "--autograd", "-k", "sigmoid_gradient", CI="true", COLUMNS="80")
+    line = "FAILED test_model.py::test_sigmoid_gradient_is_computed - [silent-data-mutation] test_model.py:16 Silent"
+    assert line in ci.stdout and "the test's code breaks autograd" not in ci.stdout.split(line, 1)[1], ci.stdout

@@ -12,7 +12,7 @@ import jupyter_autograd as ja
 from jupyter_autograd.render.text import exception_note
 
 from . import scenario_runner as runner
-from .conftest import ROOT
+from .conftest import ROOT, shared_scenario
 from .test_fixes import FILES
 
 HAS_NOTES = sys.version_info >= (3, 11)
@@ -126,6 +126,23 @@ def test_a_block_that_stops_before_any_tensor_op_says_so():
     assert report.startswith("jupyter-autograd: the block stopped before any tensor operation ran "
                              "(NameError: name 'undefined_name' is not defined)")
     assert "no problems found" not in report and "0 operations" not in report
+
+
+def test_counts_of_one_are_singular():
+    from jupyter_autograd.model import GraphNode, TraceData
+    from jupyter_autograd.render.text import graph_summary
+
+    w = torch.ones(2, requires_grad=True)
+    with ja.capture() as trace:
+        y = w * 2  # noqa: F841  (kept, so its graph is there at the end)
+    summary = trace.report().split("\n\n")[-1]
+    assert summary.startswith("1 operation recorded, 0 backward calls.\n"), summary
+    assert ", 1 saved tensor." in summary, summary
+    one_node = TraceData(nodes={1: GraphNode(key=1, name="MulBackward0")})
+    assert graph_summary(one_node).splitlines()[1] == "Graph: 1 node (MulBackward0), 0 saved tensors."
+    # Every count in the report: a 1 never goes with a plural.
+    assert not re.search(r"(?<![\d.])1 (operations|nodes|backward calls|saved tensors|problems)\b",
+                         trace.report() + graph_summary(one_node))
 
 
 def test_a_one_line_cell_shows_its_line_once(tmp_path):
@@ -282,7 +299,7 @@ SECOND_LINES = {  # a scenario of each kind that has a second line, and the word
 def test_the_second_line_says_what_it_is(name):
     from jupyter_autograd.widget.widget import _diagnosis_dict, static_html
 
-    path = next(p for p in FILES if p.name == name)
+    path = shared_scenario(name)
     sc = runner.load(str(path))
     _, _, trace = runner.execute(sc.source, sc.path, captured=True, options=sc.options)
     kind, label = SECOND_LINES[name]

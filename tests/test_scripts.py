@@ -4,6 +4,7 @@ what it leaves out; compat.sh takes a torch version."""
 import json
 import os
 import pathlib
+import re
 import secrets
 import shutil
 import signal
@@ -66,6 +67,10 @@ def test_demo_opens_the_quickstart_as_root_or_not(tmp_path):
         assert any("%load_ext jupyter_autograd" in "".join(c["source"]) for c in notebook["content"]["cells"])
         status, page = _get(base + "/lab/tree/01_quickstart.ipynb", token)
         assert status == 200 and b"JupyterLab" in page
+        # The link Jupyter prints (for a machine where no browser opens) goes to the notebook, not
+        # to the Launcher.
+        printed = re.findall(r"http://127\.0\.0\.1:%d/\S*" % port, log_path.read_text())
+        assert printed and all("/lab/tree/01_quickstart.ipynb?token=" in url for url in printed), log_path.read_text()
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -163,6 +168,43 @@ def test_test_script_says_once_that_the_shared_corpora_are_not_run(fresh_clone):
     proc, calls = fresh_clone("test.sh", "-m", "not browser", CI="true")
     assert proc.returncode != 0 and "CI must run the shared scenario corpus" in proc.stderr
     assert not any("pytest" in c for c in calls)
+
+
+LOUD = """#!/bin/bash
+echo "$(basename "$0") $*" >> "{log}"
+echo "RUNNING $(basename "$0") $*"
+[ "$1" = - ] && cat > /dev/null
+exit 0
+"""
+
+
+def test_demo_says_what_it_installs_and_opens_the_quickstart(fresh_clone):
+    """demo.sh on a fresh machine, with a python and a jupyter that only say what they were asked:
+    a line before each install step (pip runs quietly, for minutes), and JupyterLab started on the
+    quickstart notebook as its default page (the link it prints goes there, not to the Launcher)."""
+    bin_dir = fresh_clone.repo / ".venv" / "bin"
+    for name in ("python", "jupyter"):
+        (bin_dir / name).write_text(LOUD.format(log=fresh_clone.repo.parent / "calls.log"))
+        (bin_dir / name).chmod(0o755)
+    proc, calls = fresh_clone("demo.sh", "--no-browser")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.splitlines()
+    pip = [i for i, line in enumerate(out) if line.startswith("RUNNING python -m pip install")]
+    assert len(pip) == 3, out
+    for step, at in zip(("1/3 torch 2.13.0", "2/3 JupyterLab", "3/3 jupyter-autograd"), pip):
+        said = [i for i, line in enumerate(out) if step in line]
+        assert said and said[0] < at and not [i for i in pip if said[0] < i < at], (step, out)
+    assert any(re.fullmatch(r"setup \(\.venv\): done in \d+s", line) for line in out), out
+    jupyter = calls[-1].split()
+    assert jupyter[:2] == ["jupyter", "lab"] and jupyter[-1] == "--no-browser", calls
+    assert "--ServerApp.root_dir=notebooks" in jupyter and "--LabApp.default_url=/lab/tree/01_quickstart.ipynb" in jupyter
+    assert not [a for a in jupyter[2:] if a.endswith(".ipynb") and not a.startswith("--")], jupyter  # no file argument
+    assert ("--allow-root" in jupyter) == (os.getuid() == 0)
+    assert "01_quickstart.ipynb open" in proc.stdout and proc.stdout.index("01_quickstart.ipynb open") < proc.stdout.index(
+        "RUNNING jupyter lab")
+    # Set up: the next run says nothing of installing.
+    proc, calls = fresh_clone("demo.sh")
+    assert "setup (" not in proc.stdout and [c.split()[:2] for c in calls] == [["jupyter", "lab"]], (proc.stdout, calls)
 
 
 def test_compat_needs_a_version(fresh_clone):

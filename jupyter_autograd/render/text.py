@@ -15,9 +15,9 @@ def graph_summary(trace: TraceData) -> str:
     backward = len(trace.backward_calls())
     common = ", ".join("%s x%d" % (k, v) if v > 1 else k for k, v in fns.most_common(6))
     more = ", ..." if len(fns) > 6 else ""
-    parts = ["%d operations recorded, %d backward call%s." % (len(trace.ops), backward, "" if backward == 1 else "s"),
-             "Graph: %d nodes (%s%s), %d saved tensor%s." % (len(trace.nodes), common or "none", more, saved,
-                                                            "" if saved == 1 else "s")]
+    parts = ["%s recorded, %s." % (_count(len(trace.ops), "operation"), _count(backward, "backward call")),
+             "Graph: %s (%s%s), %s." % (_count(len(trace.nodes), "node"), common or "none", more,
+                                        _count(saved, "saved tensor"))]
     if leaves:
         # Tensors with no name of their own can share a description: each is said once, counted.
         leaves = ["%s (x%d)" % (name, n) if n > 1 else name for name, n in Counter(leaves).items()]
@@ -135,6 +135,11 @@ def _short_fix(fix: str) -> str:
         elif end > 1:
             break
     return "\n".join(lines[:end])
+
+
+def _count(n: int, noun: str) -> str:
+    """`1 node`, `2 nodes`, `0 nodes`."""
+    return "%d %s%s" % (n, noun, "" if n == 1 else "s")
 
 
 def _wrap(text: str, width: int, indent: str) -> List[str]:
