@@ -213,6 +213,7 @@ def _tensors(recorder, trace, frozen):
     metas = table.meta
     folded_created = len(table.folded_created)
     wanted = _referenced_tensors(recorder, frozen) if recorder.folding.count else None
+    grads = []  # (info, its gradient): their first values are read together, at the end
     for t_id, meta in enumerate(metas) if wanted is None else ((t, metas[t]) for t in sorted(wanted)):
         shape, dtype, device, requires_grad, is_leaf, created_by, base, alias_of = meta
         if created_by is None and folded_created:
@@ -230,8 +231,11 @@ def _tensors(recorder, trace, frozen):
             info.alive = True
             info.requires_grad, info.is_leaf, info.grad_fn, info.node, ref, info.version, info.elements = live[t_id]
             t = ref()
-            info.grad = _grad_summary(t) if t is not None else None
+            g = _grad_of(t) if t is not None else None
+            if g is not None:
+                grads.append((info, g))
         trace.tensors[t_id] = info
+    _summarise_grads(grads)
 
 
 def _referenced_tensors(recorder, frozen) -> set:
@@ -271,21 +275,45 @@ def _plain_shape(shape) -> tuple:
     return tuple(out)
 
 
-def _grad_summary(t) -> Optional[str]:
+def _grad_of(t):
     try:
-        g = t.grad if t.is_leaf else None
+        return t.grad if t.is_leaf else None
     except Exception:
         return None
-    if g is None:
-        return None
-    try:
-        flat = g.detach().reshape(-1)[:6].tolist()
-    except Exception:  # layouts without a flat view (sparse, nested)
-        return "tensor(shape=%s, layout=%s)" % (_plain_shape(shape_of(g)),
-                                                str(g.layout).replace("torch.", ""))
-    values = ", ".join(_number(v) for v in flat)
-    more = ", ..." if g.numel() > 6 else ""
-    return "tensor([%s%s]) shape=%s" % (values, more, _plain_shape(g.shape))
+
+
+_FIRST = 6  # values shown of a gradient
+
+
+def _summarise_grads(grads) -> None:
+    """Each gradient's first values, shape and size as text (info.grad). The values of the plain
+    strided gradients of one device are read in one copy to the host (one sync on a GPU, where
+    reading each parameter's took one sync apiece)."""
+    batches = {}  # (device, complex) -> [(info, g, its first values flat)]
+    for info, g in grads:
+        try:
+            if g.layout is not torch.strided or g.is_nested:
+                raise ValueError
+            first = g.detach().reshape(-1)[:_FIRST]
+        except Exception:  # layouts without a flat view (sparse, nested)
+            info.grad = "tensor(shape=%s, layout=%s)" % (_plain_shape(shape_of(g)), str(g.layout).replace("torch.", ""))
+            continue
+        batches.setdefault((first.device, first.is_complex()), []).append((info, g, first))
+    for (_, is_complex), batch in batches.items():
+        wide = torch.complex128 if is_complex else torch.float64
+        try:
+            flat = torch.cat([first.to(wide) for _, _, first in batch]).tolist()
+        except Exception:  # a dtype with no such cast: one read each
+            flat = [v for _, _, first in batch for v in first.tolist()]
+        at = 0
+        for info, g, first in batch:
+            n = first.numel()
+            values = flat[at:at + n]
+            at += n
+            if not is_complex and not first.is_floating_point():
+                values = [int(v) for v in values]
+            info.grad = "tensor([%s%s]) shape=%s" % (", ".join(_number(v) for v in values),
+                                                     ", ..." if g.numel() > _FIRST else "", _plain_shape(g.shape))
 
 
 def _number(v) -> str:

@@ -16,7 +16,7 @@ from collections import namedtuple
 import torch
 
 from .state import State, thread_state
-from .tensors import versions
+from .tensors import current_versions
 
 _Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
@@ -69,7 +69,7 @@ class OptimizerSteps:
             tensors = [p for group in optimizer.param_groups for p in group["params"] if isinstance(p, _Tensor)]
             tensors += [v for state in optimizer.state.values() if isinstance(state, dict)
                         for v in state.values() if isinstance(v, _Tensor)]
-            before = versions(tensors)
+            before = current_versions(tensors)
         if self.step is not None:  # a step run inside the one being recorded: its writes are part of it
             outer = self.step
             self.step = outer._replace(tensors=outer.tensors + tensors, before=outer.before + before)
@@ -104,7 +104,7 @@ class OptimizerSteps:
             recorder.set_state(State.RECORDING)
         tensors, before = step.tensors, step.before
         with _all_torch_function_off():
-            after = versions(tensors)
+            after = current_versions(tensors)
             changed = [i for i, (b, a) in enumerate(zip(before, after)) if a != b]
             tids = tuple(recorder.tensors.tid(tensors[i]) for i in changed)
             written = tuple((t_id, recorder.range_written(tensors[i])) for t_id, i in zip(tids, changed)) or None

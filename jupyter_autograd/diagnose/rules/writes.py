@@ -100,6 +100,7 @@ def saved_tensor_writes(trace: TraceData, source) -> List[Finding]:
     found: Dict[Tuple, Finding] = {}
     write_index = _WriteIndex(trace)
     for cp_number, cp in enumerate(trace.checkpoints):
+        windows = _Windows(write_index, cp.op_index, _earliest_save(trace, cp))
         if cp.kind == "backward":
             position = {key: i for i, key in enumerate(engine_order(trace, cp))}
         else:  # the graphs of live tensors that a backward not yet called could run
@@ -117,8 +118,11 @@ def saved_tensor_writes(trace: TraceData, source) -> List[Finding]:
             # A slot that holds the tensor object itself (not a copy or a view made inside the op) reads
             # whatever memory that object has when backward runs: `t.data = new` swaps it.
             held = slot.tid if not slot.is_output else None
-            writes = _WriteIndex.between(trace, write_index, slot.byte_range, -1 if saved_op is None else saved_op,
-                                         cp.op_index, root, held)
+            after = -1 if saved_op is None else saved_op
+            if root is None:
+                writes = windows.between(slot.byte_range, after, held)
+            else:
+                writes = _WriteIndex.between(trace, write_index, slot.byte_range, after, cp.op_index, root, held)
             if slot.stale:
                 counted_writes = [w for w in writes if not _is_data_alias(trace, w[1]) and w[0].name != DATA_SWAP]
                 culprit = (counted_writes or writes or [None])[0]
@@ -262,6 +266,69 @@ class _WriteIndex(list):
                     hits.append((op, t_id))
                     break
         return hits
+
+
+class _Windows:
+    """The writes before one checkpoint, by the bytes they changed: a slot looks up the writes that
+    overlap its bytes (sorted by start address, with a bound on their length) instead of every write
+    after its save. The same answers as _WriteIndex.between without a root (a ResNet step: 500 slots
+    against 300 writes each, 60 ms, before this)."""
+
+    _LONG = 1 << 20  # bytes: writes longer than this (a flat buffer, a whole model's step) are checked one by one
+
+    def __init__(self, index: "_WriteIndex", before: int, earliest: int):
+        self.index, self.before, self.earliest = index, before, earliest
+        self.built = False
+
+    def _build(self) -> None:
+        index = self.index
+        start = bisect.bisect_right(index.positions, self.earliest)
+        stop = bisect.bisect_left(index.positions, self.before)
+        events, long, swaps = [], [], {}
+        for op in index[start:stop]:
+            if op.name == DATA_SWAP:
+                for t_id in op.writes:
+                    swaps.setdefault(t_id, []).append(op)
+                continue
+            for order, (t_id, rng) in enumerate(zip(op.writes, op.write_ranges)):
+                if rng is None:
+                    continue
+                event = (rng[0], rng[1], op.index, order, op, t_id)
+                (long if rng[1] - rng[0] > self._LONG else events).append(event)
+        events.sort(key=lambda e: e[0])
+        self.starts = [e[0] for e in events]
+        self.events, self.long, self.swaps = events, long, swaps
+        self.longest = max((e[1] - e[0] for e in events), default=0)
+        self.built = True
+
+    def between(self, byte_range, after: int, held: Optional[int]) -> List[Tuple[OpRecord, int]]:
+        if not self.built:  # once, from the checkpoint's earliest save: a later save only narrows the window
+            self._build()
+        lo, hi = byte_range
+        first = bisect.bisect_right(self.starts, lo - self.longest)
+        last = bisect.bisect_left(self.starts, hi)
+        hits = {}  # op index -> (order of the tensor it wrote, op, tid): its first written tensor that overlaps
+        for events in (self.events[first:last], self.long):
+            for start, end, position, order, op, t_id in events:
+                if start < hi and lo < end and position > after and (
+                        position not in hits or order < hits[position][0]):
+                    hits[position] = (order, op, t_id)
+        if held is not None:
+            for op in self.swaps.get(held, ()):
+                if op.index > after:
+                    hits[op.index] = (-1, op, held)
+        return [(op, t_id) for _, (_, op, t_id) in sorted(hits.items())]
+
+
+def _earliest_save(trace: TraceData, cp: Checkpoint) -> int:
+    """The first op that saved a tensor of the checkpoint's slots that are looked up by their bytes."""
+    earliest = cp.op_index
+    for slot in cp.slots:
+        if not slot.freed and slot.byte_range is not None:
+            node = trace.nodes.get(slot.node)
+            if node is not None and node.created_by is not None and node.created_by < earliest:
+                earliest = node.created_by
+    return earliest
 
 
 def _root(trace: TraceData, t_id: Optional[int]) -> Optional[int]:

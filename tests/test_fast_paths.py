@@ -1,0 +1,124 @@
+"""The fast paths: the tool's reads of gradients are batched per device (on a GPU each read of a
+value is a synchronisation and each small reduction a kernel launch, so a model's hundreds of
+parameters must not cost one apiece; counted here on the CPU through the calls that would cost
+them), and indexed lookups give the answers of the scans they replace."""
+import torch
+from torch import nn
+
+import jupyter_autograd as ja
+
+
+def _model(n=12):
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(4, 4) for _ in range(n)])
+
+
+class _Counted:
+    def __init__(self, owner, name):
+        self.owner, self.name, self.calls = owner, name, 0
+        self.original = getattr(owner, name)
+
+    def __enter__(self):
+        original = self.original
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return original(*args, **kwargs)
+        setattr(self.owner, self.name, counted)
+        return self
+
+    def __exit__(self, *exc):
+        setattr(self.owner, self.name, self.original)
+
+
+def test_the_gradient_norms_of_a_backward_are_one_reduction_per_device_not_one_per_parameter():
+    model = _model()
+    x = torch.randn(2, 4)
+    with _Counted(torch.linalg, "vector_norm") as one_by_one, _Counted(torch, "_foreach_norm") as batched:
+        with ja.capture() as trace:
+            model(x).sum().backward()
+    assert len(list(model.parameters())) == 24
+    assert one_by_one.calls == 0
+    assert batched.calls == 2  # after the backward, and the leaves' own norms at the end
+    stats = trace.grad_stats()
+    assert len(stats["parameters"]) == 24
+    for name, p in model.named_parameters():
+        row = next(r for r in stats["parameters"] if r["name"].endswith(name))
+        assert abs(row["norms"][-1] - float(p.grad.norm())) <= 1e-5 * max(1.0, float(p.grad.norm()))
+        assert abs(row["param_norm"] - float(p.detach().norm())) <= 1e-5 * max(1.0, float(p.detach().norm()))
+
+
+def test_the_gradient_summaries_are_read_in_one_copy_per_device():
+    model = _model()
+    x = torch.randn(2, 4)
+    with ja.capture() as trace:
+        model(x).sum().backward()
+    with _Counted(torch.Tensor, "tolist") as reads:
+        tensors = trace.tensors
+    assert reads.calls == 1
+    for name, p in model.named_parameters():
+        info = next(t for t in tensors.values() if t.name and t.name.endswith(name))
+        first = ", ".join("%.4g" % v for v in p.grad.reshape(-1)[:6].tolist())
+        assert info.grad.startswith("tensor([%s" % first), (info.grad, first)
+        assert info.grad.endswith("shape=%s" % (tuple(p.shape),))
+
+
+def test_gradient_summaries_of_other_dtypes_and_layouts_read_as_their_values():
+    half = torch.randn(3, 5, dtype=torch.float64).to(torch.float16).requires_grad_()
+    wide = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    z = torch.randn(2, dtype=torch.complex64, requires_grad=True)
+    emb = nn.Embedding(10, 3, sparse=True)
+    with ja.capture() as trace:
+        (half.float().t() * 2).sum().backward()
+        (wide ** 2).sum().backward()
+        (z * z.conj()).real.sum().backward()
+        emb(torch.tensor([1, 2])).sum().backward()
+    by_tid = {t.tid: t for t in trace.tensors.values() if t.grad}
+    texts = sorted(t.grad for t in by_tid.values())
+    assert any(text.startswith("tensor([%s, ..." % ", ".join("%.4g" % v for v in half.grad.reshape(-1)[:6].tolist()))
+               for text in texts), texts
+    assert any(text.startswith("tensor([%s, ..." % ", ".join("%.4g" % v for v in wide.grad[:6].tolist()))
+               for text in texts), texts
+    assert any("j" in text for text in texts)
+    assert any("layout=sparse_coo" in text for text in texts), texts
+
+
+def test_the_writes_a_saved_tensor_overlaps_are_found_by_address_as_by_a_scan():
+    """saved_tensor_writes looks writes up by address (rules/writes._Windows); the answers are those of
+    the scan over every write after the save, on random writes with reused memory, long buffers,
+    several tensors per op and `.data =` swaps."""
+    import random
+    from types import SimpleNamespace
+
+    from jupyter_autograd.diagnose.rules import writes as rules
+    from jupyter_autograd.model import DATA_SWAP
+
+    rng = random.Random(0)
+    for trial in range(40):
+        ops = []
+        for index in range(300):
+            if rng.random() < 0.5:
+                ops.append(SimpleNamespace(index=index, name="Tensor.add", writes=(), write_ranges=()))
+                continue
+            tids = tuple(rng.randrange(50) for _ in range(rng.choice((1, 1, 2, 3))))
+            ranges = []
+            for _ in tids:
+                start = rng.randrange(0, 1 << 22, 64)
+                length = rng.choice((64, 256, 4096, 1 << 21)) if rng.random() < 0.9 else None
+                ranges.append(None if length is None else (start, start + length))
+            name = DATA_SWAP if rng.random() < 0.05 else "Tensor.mul_"
+            ops.append(SimpleNamespace(index=index, name=name, writes=tids, write_ranges=tuple(ranges)))
+        trace = SimpleNamespace(ops=ops, tensors={})
+        index = rules._WriteIndex(trace)
+        before = rng.randrange(100, 300)
+        earliest = rng.randrange(-1, before)
+        windows = rules._Windows(index, before, earliest)
+        for _ in range(60):
+            after = rng.randrange(earliest, before)
+            start = rng.randrange(0, 1 << 22, 64)
+            byte_range = (start, start + rng.choice((64, 1024, 1 << 16, 1 << 21)))
+            held = rng.choice((None, rng.randrange(50)))
+            got = [(op.index, t) for op, t in windows.between(byte_range, after, held)]
+            want = [(op.index, t) for op, t in rules._WriteIndex.between(trace, index, byte_range, after, before,
+                                                                          None, held)]
+            assert got == want, (trial, byte_range, after, held)
