@@ -122,3 +122,18 @@ def test_the_writes_a_saved_tensor_overlaps_are_found_by_address_as_by_a_scan():
             want = [(op.index, t) for op, t in rules._WriteIndex.between(trace, index, byte_range, after, before,
                                                                           None, held)]
             assert got == want, (trial, byte_range, after, held)
+
+
+def test_norms_left_on_a_device_are_read_in_one_copy_for_every_backward_of_the_block():
+    """On a GPU the norms stay device tensors until the block ends; those of every checked backward
+    and the leaves' own are then read with one copy per device (one synchronisation), whatever
+    their dtypes. CPU 0-d tensors stand in for them here."""
+    from jupyter_autograd.capture import nan_watch
+
+    lists = [[(1, torch.tensor(3.0, dtype=torch.float64)), (2, 0.5)],
+             [(1, torch.tensor(float("inf"))), (3, torch.tensor(2.0, dtype=torch.float64))],
+             [(4, torch.tensor(1.5, dtype=torch.float16))]]
+    with _Counted(torch.Tensor, "tolist") as reads:
+        out = nan_watch.read_norm_lists(lists)
+    assert reads.calls == 1
+    assert out == [[(1, 3.0), (2, 0.5)], [(1, float("inf")), (3, 2.0)], [(4, 1.5)]]

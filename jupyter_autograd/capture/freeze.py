@@ -139,14 +139,18 @@ def _read_gradient_norms(recorder, frozen):
     gradient held NaN/Inf), frozen.grad_norms (tid -> [(backward op index, norm)]), and the norm
     of each of those leaves now, the scale its gradient is judged against (Trace.grad_stats)."""
     refs = recorder.tensors.refs
-    for index, norms in recorder.backward.take_gradient_norms(refs):
-        for t_id, norm in nan_watch.read_norms(norms):
+    checked = recorder.backward.take_gradient_norms(refs)
+    seen = dict.fromkeys(t_id for _, norms in checked for t_id, _ in norms)
+    leaves = [(t_id, t) for t_id, t in ((t_id, refs[t_id]()) for t_id in seen)
+              if t is not None and (t.is_floating_point() or t.is_complex())]
+    # Every norm of the block read at once: on a GPU, one synchronisation at the block's end.
+    *after_calls, own = nan_watch.read_norm_lists([norms for _, norms in checked] + [nan_watch.norms_of(leaves)])
+    for (index, _), norms in zip(checked, after_calls):
+        for t_id, norm in norms:
             if not math.isfinite(norm):
                 frozen.nonfinite.setdefault(t_id, index)
             frozen.grad_norms.setdefault(t_id, []).append((index, norm))
-    leaves = [(t_id, t) for t_id, t in ((t_id, refs[t_id]()) for t_id in frozen.grad_norms)
-              if t is not None and (t.is_floating_point() or t.is_complex())]
-    frozen.leaf_norms = dict(nan_watch.read_norms(nan_watch.norms_of(leaves)))
+    frozen.leaf_norms = dict(own)
 
 
 def _name_outermost_modules(calls, module_names, trees) -> List[str]:

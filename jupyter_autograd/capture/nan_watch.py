@@ -45,7 +45,7 @@ def _dispatches(g) -> bool:
 def norms_of(grads):
     """[(tid, its L2 norm)]: one pass over each gradient's memory, which also says whether it holds
     NaN or Inf (the norm is then not finite). A CPU float32/float64 gradient is read now, where
-    that costs no sync; on another device the norm stays a 0-d device tensor, read with read_norms
+    that costs no sync; on another device the norm stays a 0-d device tensor, read with read_norm_lists
     when the block ends, so no backward waits for the device. Plain strided gradients of one device
     and dtype take one `_foreach_norm` call (one or two kernels on a GPU, not one per parameter)."""
     def read():
@@ -147,21 +147,29 @@ def _total(g):
     return g.sum(dtype=torch.float32) if g.dtype in (torch.float16, torch.bfloat16) else g.sum()
 
 
-def read_norms(norms):
-    """[(tid, norm as a float)]: the device norms of norms_of read together, one sync per
-    device, at the end of the block only."""
+def read_norm_lists(lists):
+    """Lists of [(tid, norm)] of norms_of (those of each checked backward, and the leaves' own) as
+    [(tid, norm as a float)], the device norms read with one copy to the host per device for them
+    all: at the end of the block only."""
     def read():
         with _no_subclass_dispatch():
-            out, on_device = {}, {}
-            for tid, norm in norms:
-                if isinstance(norm, _Tensor):
-                    on_device.setdefault(norm.device, []).append((tid, norm))
-                else:
-                    out[tid] = norm
-            for pairs in on_device.values():
-                values = torch.stack([n.to(torch.float64) for _, n in pairs]).tolist()
-                out.update((tid, v) for (tid, _), v in zip(pairs, values))
-            return [(tid, out[tid]) for tid, _ in norms]
+            on_device = {}  # device -> dtype -> [(list number, position, norm)]
+            out = [list(norms) for norms in lists]
+            for number, norms in enumerate(out):
+                for position, (_, norm) in enumerate(norms):
+                    if isinstance(norm, _Tensor):
+                        on_device.setdefault(norm.device, {}).setdefault(norm.dtype, []).append(
+                            (number, position, norm))
+            for by_dtype in on_device.values():
+                parts = [(entries, torch.stack([n for _, _, n in entries]).to(torch.float64))
+                         for entries in by_dtype.values()]
+                values = torch.cat([stacked for _, stacked in parts]).tolist()
+                at = 0
+                for entries, _ in parts:
+                    for number, position, _ in entries:
+                        out[number][position] = (out[number][position][0], values[at])
+                        at += 1
+            return out
     return _unseen(read)
 
 
