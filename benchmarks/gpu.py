@@ -5,12 +5,13 @@ GPT-2 under bf16 autocast.
 
     python benchmarks/gpu.py             # CUDA when there is one, else the CPU (a few minutes)
     python benchmarks/gpu.py --quick     # a smoke test that CI runs so this cannot rot (no verdicts)
-    python benchmarks/gpu.py --profile   # where the time capture adds goes, per step
+    python benchmarks/gpu.py --profile   # also a cProfile of a diagnosed step, by function
 
 Plain, capture, capture + diagnoses (the trace read) and anomaly mode run interleaved in one process, on
 one CPU thread, medians taken. On CUDA each step is synchronised before and after it is timed; the
 number of synchronisations the tool makes inside a block and when its diagnoses are read is counted.
-The goals are printed met or missed; they are goals for this script, never timed assertions in tests.
+Each workload also says where the added time goes, by phase of the tool (timed by wrapping the
+functions that run them; what is left is the per-op path). The goals are printed met or missed; they are goals for this script, never timed assertions in tests.
 """
 from __future__ import annotations
 
@@ -255,8 +256,77 @@ def interleaved(runs, device, reps):
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def profile(step, device, top=25):
-    """cProfile of the captured step with its diagnoses read: where the added time goes."""
+# The tool's phases, timed by wrapping the functions that run them (each phase's own time: a phase
+# inside another is not counted twice). What is left of the time capture adds is the per-op path
+# (the mode's method, the module and optimizer hooks).
+PHASES = [
+    ("graph walks (before each backward, at the end)", "jupyter_autograd.capture.graph", "take"),
+    ("gradient norms", "jupyter_autograd.capture.nan_watch", "norms_of"),
+    ("gradient norms", "jupyter_autograd.capture.nan_watch", "read_norm_lists"),
+    ("optimizer steps as one op", "jupyter_autograd.capture.steps", "before_optimizer_step"),
+    ("optimizer steps as one op", "jupyter_autograd.capture.steps", "after_optimizer_step"),
+    ("the block's end (names, live tensors)", "jupyter_autograd.capture.build", "freeze"),
+    ("building the trace", "jupyter_autograd.capture.build", "build_trace"),
+    ("the diagnoses", "jupyter_autograd.session", "diagnose"),
+]
+
+
+class _PhaseClock:
+    def __init__(self):
+        self.own, self.stack = {}, []
+
+    def wrap(self, label, func):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            self.stack.append(0.0)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                inner = self.stack.pop()
+                spent = time.perf_counter() - start
+                self.own[label] = self.own.get(label, 0.0) + spent - inner
+                if self.stack:
+                    self.stack[-1] += spent
+        return timed
+
+
+def phases(step, device, reps):
+    """Milliseconds per step of each phase of the tool, and of the per-op path (what is left of the time
+    capture adds), from `reps` diagnosed steps next to as many plain ones."""
+    import importlib
+    runs = modes(step, device)
+    clock = _PhaseClock()
+    patched = []
+    for label, module_name, name in PHASES:
+        module = importlib.import_module(module_name)
+        if module_name.endswith("session"):
+            module, name = module.diagnosis, "diagnose"
+        original = getattr(module, name)
+        patched.append((module, name, original))
+        setattr(module, name, clock.wrap(label, original))
+    try:
+        for _ in range(2):
+            runs["diagnosed"]()
+        clock.own.clear()
+        plain, diagnosed = [], []
+        for _ in range(reps):
+            for samples, run in ((plain, runs["plain"]), (diagnosed, runs["diagnosed"])):
+                _sync(device)
+                start = time.perf_counter()
+                run()
+                _sync(device)
+                samples.append((time.perf_counter() - start) * 1000)
+    finally:
+        for module, name, original in patched:
+            setattr(module, name, original)
+    out = {label: 1000 * spent / reps for label, spent in clock.own.items()}
+    added = statistics.median(diagnosed) - statistics.median(plain)
+    out["per-op path (the rest)"] = added - sum(out.values())
+    return out
+
+
+def cprofile(step, device, top=25):
+    """cProfile of the captured step with its diagnoses read: where the added time goes, by function."""
     runs = modes(step, device)
     for _ in range(3):
         runs["diagnosed"]()
@@ -302,6 +372,8 @@ def main(argv=None):
     parser.add_argument("--json", help="write the results to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    import warnings
+    warnings.filterwarnings("ignore", "Anomaly Detection has been enabled")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     reps = args.reps or (2 if args.quick else 9)
     results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (%s)" % (
@@ -323,8 +395,11 @@ def main(argv=None):
         print("%-28s %9.1f %+9.1f %+9.1f %9.1f   capture %.2fx, diagnosed %.2fx, anomaly %.2fx, %d ops"
               % (name, row["plain_ms"], row["capture_added_ms"], row["diagnosed_added_ms"], row["anomaly_ms"],
                  row["capture_x"], row["diagnosed_x"], row["anomaly_x"], row["ops"]))
+        row["phases_ms"] = phases(step, device, reps)
+        print("    where the added time goes, ms per step: " + ", ".join(
+            "%s %.1f" % (label, ms) for label, ms in sorted(row["phases_ms"].items(), key=lambda kv: -kv[1])))
         if args.profile:
-            print(profile(step, device))
+            print(cprofile(step, device))
     if args.quick:
         print("--quick is a smoke test: too few rounds for its numbers to mean anything; no goal is judged.")
     else:

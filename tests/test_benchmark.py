@@ -72,3 +72,26 @@ def test_against_baseline_imports_a_commit_beside_this_package_and_judges_from_p
     refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "against_baseline.py"), "--rev",
                               "no-such-commit"], capture_output=True, text=True, timeout=600)
     assert refused.returncode != 0 and "cannot read jupyter_autograd/ at 'no-such-commit'" in refused.stderr
+
+
+def test_quick_gpu_benchmark_reports_both_steps_at_their_real_op_counts_with_where_the_time_goes(tmp_path):
+    """benchmarks/gpu.py: ResNet-50 (284 ops) and Hugging Face's GPT-2 (637 ops with transformers 5.24;
+    its own code, so another release may record a few more or fewer), each with the time the tool
+    adds by phase; no verdict in quick mode."""
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = json.loads(out.read_text())
+    rows = results["workloads"]
+    assert rows["ResNet-50"]["ops"] == 284 and 500 <= rows["GPT-2 124M"]["ops"] <= 800
+    for row in rows.values():
+        for key in ("plain_ms", "capture_x", "diagnosed_x", "anomaly_x"):
+            assert math.isfinite(row[key]) and row[key] > 0
+        phases = row["phases_ms"]
+        assert {"graph walks (before each backward, at the end)", "gradient norms", "building the trace",
+                "the diagnoses", "per-op path (the rest)"} <= set(phases)
+        assert all(math.isfinite(ms) for ms in phases.values())
+        assert row["syncs"] is None  # counted on CUDA only
+    assert "--quick is a smoke test" in proc.stdout and "where the added time goes" in proc.stdout
+    assert not re.search(r"^\s+(met|MISSED)\s", proc.stdout, re.M)
