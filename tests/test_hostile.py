@@ -138,17 +138,17 @@ def test_an_exit_from_another_thread_leaves_an_inert_mode_that_holds_no_records(
         leaving = threading.Thread(target=block.__exit__, args=(None, None, None))
         leaving.start()
         leaving.join()
-        assert torch._C._len_torch_function_stack() == 1  # only this thread can take its mode off
-        left = torch._C._get_function_stack_at(0)
-        assert left.has_ended() and len(left.ops) == 0
         assert len(trace.ops) == 15001  # the trace kept what it needs
         del trace, block
         gc.collect()
         held = tracemalloc.get_traced_memory()[0] - baseline
     finally:
         tracemalloc.stop()
-    assert torch._C._len_torch_function_stack() == 1  # still there: what it holds was measured
+    assert torch._C._len_torch_function_stack() == 1  # only this thread can take its mode off
+    left = torch._C._get_function_stack_at(0)
     assert held < 1 << 20, "%.1f MiB still held" % (held / 2 ** 20)
+    assert left.has_ended() and len(left.ops) == 0
+    del left
     assert _records_a_real_bug() == ["saved-tensor-modified"]
     _check_nothing_left(before)
 
