@@ -31,7 +31,7 @@ from IPython.core.inputtransformer2 import leading_indent
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .session import capture, file_namers, warn
+from .session import ExitLookup, capture, file_namers, warn
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the tool's own frames
 _TORCH_DISPATCH = os.path.join("torch", "overrides.py")
@@ -152,11 +152,16 @@ class _CellCapture:
         # The traceback stays as without the magic (no note): the widget under it explains it.
         self.recorder = capture(namespace=[magics.shell.user_ns], check_nan=args.nan, note_exceptions=False)
         self.filename = None
+        self._entered = False  # until then the with statement's lookup of __exit__ is noted (ExitLookup)
 
     def __enter__(self):
+        self._entered = True
         self.filename = sys._getframe(1).f_code.co_filename  # the cell's name, for the widget's source
         _hide_the_magic_line(self.magics, self.filename, self.first_line)
         try:
+            # An interrupt on the first instruction of our __exit__ would leave the capture recording
+            # for the rest of the kernel: it ends when the with statement lets go of our exit.
+            self.recorder._ends_with(self)
             self.recorder.__enter__()
         except Exception as exc:  # the user's cell runs, recorded or not
             self.recorder = None
@@ -183,6 +188,8 @@ class _CellCapture:
                 self.magics._value = None  # a cell that stops keeps nothing of the user's alive
             _say_the_report_was_interrupted(self.args.output, raised=exc is not None)
         return False
+
+    __exit__ = ExitLookup(__exit__)
 
 
 class _CellRewrite:

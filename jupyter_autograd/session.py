@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import warnings
+import weakref
 from dataclasses import asdict
 from typing import Any, Dict, Iterable, Optional
 
@@ -21,7 +22,7 @@ from .capture import build, lifecycle
 # ran those import statements, and a training loop's step pays for each with cold caches.
 # Modules, not their functions, where tests and users may replace a function.
 from .capture.frames import frame_names, hide_own_frames
-from .capture.lifecycle import InterruptsHeld
+from .capture.lifecycle import ExitLookup, InterruptsHeld
 from .capture.lifecycle import release as release_block
 from .capture.mode import Recorder
 from .capture.state import thread_state
@@ -51,6 +52,11 @@ class Trace(TraceData):
         self.__dict__["_pending"] = build
         self.__dict__["_building"] = threading.RLock()
 
+    def _empty(self) -> None:
+        """Back to a trace with no content, built: what a block's end fills."""
+        self.__dict__.clear()
+        self.__dict__.update(TraceData().__dict__)
+
     def __getattr__(self, name):
         lock = self.__dict__.get("_building")
         if name.startswith("__"):
@@ -62,6 +68,8 @@ class Trace(TraceData):
             if pending is not None:  # else another thread built it while this one waited
                 if pending is _IN_PROGRESS:  # read by the build itself (this thread holds the lock)
                     raise AttributeError("%s: the trace is being built" % name)
+                if type(pending) is _BlockEnd and not pending.dropped:  # read inside its block: nothing to keep
+                    return getattr(pending(), name)
                 self.__dict__["_pending"] = _IN_PROGRESS
                 try:
                     built = pending()
@@ -125,7 +133,10 @@ class Trace(TraceData):
         return grad_stats(self)
 
     def to_json(self) -> Dict[str, Any]:
-        return {
+        """The trace as data that `json.dumps` writes as strict JSON: NaN and infinities (a gradient's
+        norm) are the strings "NaN", "Infinity" and "-Infinity", which float() and JavaScript's
+        Number() read back."""
+        return _finite({
             "ops": [asdict(op) for op in self.ops],
             "tensors": {str(k): asdict(v) for k, v in self.tensors.items()},
             "nodes": {str(k): asdict(v) for k, v in self.nodes.items()},
@@ -134,7 +145,7 @@ class Trace(TraceData):
             "error": self.error,
             "warnings": list(self.warnings),
             "grad_stats": self.grad_stats(),
-        }
+        })
 
     def show(self):
         """Display the interactive widget (in Jupyter) for this trace, with its static fallback."""
@@ -152,6 +163,29 @@ class Trace(TraceData):
             return AutogradWidget(self)._repr_mimebundle_(include=include, exclude=exclude)
         except ImportError:
             return {"text/plain": self.report()}
+
+
+NOT_ENDED = "the block has not ended: this trace is filled when it ends (read it after the `with` block)"
+END_INTERRUPTED = ("the block's end was interrupted (Ctrl-C as the capture ended): nothing of the block was "
+                   "analysed, so this trace holds none of its operations, and finding no problem here says "
+                   "nothing about its code; run the block again to analyse it")
+
+
+class _BlockEnd:
+    """A trace's build until its block's end fills it in: while the block runs, a trace that says so
+    (kept for nothing); once the with statement has let go of the exit without any of it running (an
+    interrupt on its first instruction), a trace that says the block's end was interrupted."""
+
+    __slots__ = ("dropped", "watch")
+
+    def __init__(self, exit_method):
+        # The with statement drops the bound exit as it calls it; the callback, list.append, is C code,
+        # where no interrupt can land and be lost (as Recorder.watch_exit). No cycle: nothing to collect.
+        self.dropped = []
+        self.watch = None if exit_method is None else weakref.ref(exit_method, self.dropped.append)
+
+    def __call__(self) -> TraceData:
+        return TraceData(warnings=[END_INTERRUPTED if self.dropped else NOT_ENDED])
 
 
 class capture:
@@ -189,22 +223,28 @@ class capture:
             raise TypeError("capture(note_exceptions=...) takes True or False, got %r" % (note_exceptions,))
         self._check_nan = check_nan
         self.note_exceptions = note_exceptions
-        if isinstance(namespace, dict):
+        # Read with the C methods of dict, list and tuple and checked by type alone: no method of the
+        # user's (a dict subclass's keys() or __iter__, a key's __eq__ or __repr__) runs.
+        if issubclass(type(namespace), dict):
             namespace = [namespace]
-        if namespace is not None and not isinstance(namespace, (list, tuple)):
+        elif issubclass(type(namespace), list):
+            namespace = list(list.__iter__(namespace))
+        elif issubclass(type(namespace), tuple):
+            namespace = list(tuple.__iter__(namespace))
+        elif namespace is not None:
             raise TypeError("capture(namespace=...) takes a dict or a list of dicts of variable names, "
                             "for example capture(namespace=globals()); got %r" % (type(namespace).__name__,))
         for ns in namespace or ():
-            if not isinstance(ns, dict):
+            if not issubclass(type(ns), dict):
                 raise TypeError("capture(namespace=...) takes a dict or a list of dicts of variable names, "
                                 "for example capture(namespace=[locals(), globals()]); the list holds a %r"
                                 % (type(ns).__name__,))
         for ns in namespace or ():
-            key = next((k for k in ns if not isinstance(k, str)), None)
+            key = next((k for k in dict.keys(ns) if not issubclass(type(k), str)), None)
             if key is not None:
                 raise TypeError("capture(namespace=...) maps variable names to values, so its keys must be "
-                                "str; got the key %r" % (key,))
-        self._namespace = None if namespace is None else list(namespace)
+                                "str; got a key of type %r" % (type(key).__name__,))
+        self._namespace = namespace
         self._entered = False      # a capture records one block (its trace is filled once)
         self._recorder = None
         self._outer = None
@@ -225,6 +265,8 @@ class capture:
         if self._namespace is None:
             frame = sys._getframe(1)
             self._namespace = [frame_names(frame), frame.f_globals]
+        lookup = self.__dict__.get("_exit_lookup")
+        self.trace._defer(_BlockEnd(lookup() if lookup is not None else None))
         try:
             with InterruptsHeld():
                 self._start_recording()
@@ -274,6 +316,15 @@ class capture:
         self._recorder.unwatch_exit()
         release_block(self._recorder)
 
+    def _ends_with(self, manager) -> None:
+        """Called, before __enter__, by a front end whose own context manager enters and exits this
+        capture (the magic's cell), its class's __exit__ wrapped in ExitLookup: the block ends when the
+        with statement lets go of that manager's exit, as it would end with ours (watch_block), also
+        when an interrupt on its first instruction keeps any of it from running."""
+        lookup = manager.__dict__.get("_exit_lookup")
+        if lookup is not None:
+            self.__dict__["_exit_lookup"] = lookup
+
     def close(self) -> None:
         """Remove what the capture installed, if its block was left without `__exit__` running
         (an interrupt on the very first instruction of `__exit__`, before any of its code ran).
@@ -302,6 +353,7 @@ class capture:
         try:
             if interrupted is not None:
                 raise interrupted
+            self.trace._empty()
             for message in ended:
                 warn(message)
             if self._process != os.getpid():
@@ -313,7 +365,14 @@ class capture:
             elif recorder is not None:
                 if recorder.steps.step is not None:  # the block ended inside an optimizer step
                     recorder.steps.end_with_block(recorder, raised=exc is not None)
-                part = recorder if outer is None else recorder.since(self._start)
+                if outer is not None:
+                    part = recorder.since(self._start)
+                elif recorder.installation.on_thread and recorder.installation.thread != threading.get_ident():
+                    # Its mode stays on the entering thread's stack until that thread's next capture:
+                    # the records go with the trace, not with it.
+                    part = lifecycle.hand_over(recorder)
+                else:
+                    part = recorder
                 previous = recorder.pause()  # the build's own reads are no ops of the block
                 try:
                     self.trace._defer(finish(part, self._namespace, exc, ended))
@@ -324,9 +383,9 @@ class capture:
             self.trace.warnings.append(message)
             warn(message)
         except BaseException:  # an interrupt while the trace was taken: the block is not analysed
-            if "_pending" not in self.trace.__dict__:
-                self.trace.__dict__.update(
-                    Trace(warnings=["interrupted while the capture ended: this block was not analysed"]).__dict__)
+            if "_pending" not in self.trace.__dict__:  # else its _BlockEnd says so, or it was taken
+                self.trace._empty()
+                self.trace.warnings.append(END_INTERRUPTED)
             raise
         finally:
             self._recorder = self._outer = self._namespace = None
@@ -337,7 +396,28 @@ class capture:
         return False
 
     # The with statement holds what this lookup returns until it calls it: see lifecycle.watch_block.
-    __exit__ = lifecycle.ExitLookup(__exit__)
+    __exit__ = ExitLookup(__exit__)
+
+
+def _finite(value):
+    """`value` with each NaN or infinite float spelled as a string: json.dumps would write NaN and
+    Infinity, which are not JSON (strict parsers, JavaScript's JSON.parse, reject them)."""
+    if isinstance(value, float):
+        if value != value:
+            return "NaN"
+        if value in (_INF, -_INF):
+            return "Infinity" if value > 0 else "-Infinity"
+        return value
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_finite(v) for v in value)
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+_INF = float("inf")
 
 
 def warn(message: str) -> None:

@@ -143,6 +143,17 @@ def _failing_custom_function():
     return _Broken.apply(torch.ones(2, requires_grad=True))
 
 
+@torch.library.custom_op("jupyter_autograd_tests::fails", mutates_args=())
+def _custom_library_op(x: torch.Tensor) -> torch.Tensor:
+    raise ValueError("inside a torch.library op")
+
+
+def _failing_custom_library_op():
+    # Dispatched to the mode from C, straight out of OpOverload.__call__: the call the mode makes
+    # runs that frame's code again.
+    return _custom_library_op(torch.ones(2))
+
+
 def _failing_backward_hook():
     x = torch.ones(2, requires_grad=True)
     y = x * 2
@@ -155,7 +166,7 @@ def _failing_backward_hook():
 
 
 @pytest.mark.parametrize("work", [_backward_through_a_modified_tensor, _failing_c_op, _failing_python_function,
-                                  _failing_custom_function, _failing_backward_hook])
+                                  _failing_custom_function, _failing_custom_library_op, _failing_backward_hook])
 def test_traceback_frames_are_those_of_a_plain_run(work):
     plain, captured = _assert_invisible(work)
     assert plain["frames"] and plain["frames"][0][2] == work.__name__

@@ -154,6 +154,42 @@ def test_an_interrupt_during_the_report_stops_the_report_not_the_cell(kernel):
     assert results(messages) == ["True"]
 
 
+_WATCH = """import signal, sys, torch
+from jupyter_autograd import magic as _magic
+from jupyter_autograd.capture import patches as _patches
+_apply, _limit = torch.autograd.function.Function.__dict__["apply"], sys.getrecursionlimit()
+_exit_code = _magic._CellCapture.__dict__["__exit__"].__code__
+
+def _interrupt_the_exit(frame, event, arg):  # a real SIGINT, handled on the exit's first instruction
+    if event == "call" and frame.f_code is _exit_code:
+        sys.settrace(None)
+        signal.raise_signal(signal.SIGINT)
+
+def _state():
+    return (torch._C._len_torch_function_stack(), _patches.hook_users[0], sys.getrecursionlimit() - _limit,
+            torch.autograd.function.Function.__dict__["apply"] is _apply)
+"""
+
+
+def test_an_interrupt_on_the_first_instruction_of_the_cells_exit_leaves_no_recorder_behind(kernel):
+    """The kernel's SIGINT as the cell's `with` calls its exit, before any of it runs: the cell fails
+    with KeyboardInterrupt; the next torch call takes back the hooks, Function.apply and the
+    recursion limit; the next %%autograd cell records its own ops (it does not nest in a stale
+    recorder) and leaves nothing installed."""
+    _, client = kernel
+    reply, _ = execute(client, _WATCH)
+    assert reply["status"] == "ok", reply
+    reply, _ = execute(client, "%%autograd -q\nx = torch.ones(2, requires_grad=True)\ny = (x * 2).sum()\n"
+                               "sys.settrace(_interrupt_the_exit)\n")
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
+    _, messages = execute(client, "z = torch.ones(3) + 1\n_state()")
+    assert results(messages) == ["(1, 0, 0, True)"]  # the inert mode leaves the stack at the next capture
+    reply, _ = execute(client, "%%autograd -q -o _tr\nw = torch.ones(2, requires_grad=True)\nv = (w * 3).sum()\n")
+    assert reply["status"] == "ok", reply
+    _, messages = execute(client, "[op.name for op in _tr.ops], _state()")
+    assert results(messages) == ["(['torch.ones', 'Tensor.mul', 'Tensor.sum'], (0, 0, 0, True))"]
+
+
 # -- memory across cells: a widget lives as long as an output shows it --------------------------------
 
 @pytest.fixture(scope="module")

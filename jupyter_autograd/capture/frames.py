@@ -155,9 +155,18 @@ def place(code, line):
 def drop_leading_own_frames(exc):
     """Unlink our frames from the head of an exception's traceback before it leaves our frame,
     so that a user catching it inside the block does not see them either (the frames that
-    dispatched to us are added further up, as it propagates; hide_own_frames drops those)."""
+    dispatched to us are added further up, as it propagates; hide_own_frames drops those).
+
+    Where C code dispatched to us straight from a Python frame (a torch.library op's
+    OpOverload.__call__ calls its C op, which calls our mode), the call we made runs that frame's
+    code again: that repeat, a frame a plain run does not have, goes too."""
     tb = exc.__traceback__
+    caller = None
     while tb is not None and tb.tb_frame.f_code.co_filename.startswith(OWN_FRAMES):
+        if caller is None:
+            caller = tb.tb_frame.f_back
+        tb = tb.tb_next
+    if caller is not None and tb is not None and tb.tb_frame.f_code is caller.f_code:
         tb = tb.tb_next
     exc.__traceback__ = tb
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import _signal
 import functools
 import os
+import re
 import sys
 import threading
 import weakref
@@ -36,10 +37,11 @@ from .patches import hook_users, install_hooks, remove_all_hooks, remove_hooks
 from .state import RecordingMode, thread_state
 
 # Our frames between a call and the user's: __torch_function__, entered from C (which counts
-# twice), and for torch functions written in Python, handle_torch_function and the repeated call.
+# twice), and for torch functions written in Python, handle_torch_function and the repeated call
+# (Python 3.13 counts one frame more there: F.softmax's deepest working call is 963 with 4, 964 plain).
 # A call that works plain at the recursion limit must work under capture; our own bookkeeping
 # beyond that, when it does not fit, is skipped (see Recorder.too_deep).
-RECURSION_HEADROOM = 4
+RECURSION_HEADROOM = 5
 
 _stack_length = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
@@ -72,7 +74,9 @@ class _SharedLock:
 
 _lock = _SharedLock()
 _freed_while_locked = []  # recorders of blocks whose capture a collection freed inside a locked section
-_headroom = [0, None]     # blocks holding the headroom; the limit before the first of them raised it
+# Blocks holding the headroom; the limit before the first of them raised it; whether the limit was set
+# since (sys.setrecursionlimit, through _limit_set_while_held): then it is the user's, and stays.
+_headroom = [0, None, False]
 _running = {}             # id(recorder) -> recorder, for every block that holds process-wide parts
 
 
@@ -137,6 +141,22 @@ def release(recorder, inside_its_call=False):
     _release_freed()
     if failure is not None:
         raise failure
+
+
+def hand_over(recorder):
+    """For a block that ended in another thread than the one that entered it: a recorder holding all
+    that `recorder` recorded, for the trace's build; `recorder` itself, which stays on the entering
+    thread's stack (inert) until that thread's next capture, keeps only its state and installation."""
+    records = type(recorder).__new__(type(recorder))
+    records.__dict__.update(recorder.__dict__)
+    empty = type(recorder)(check_nan=recorder.check_nan).__dict__
+    for name in list(recorder.__dict__):
+        if name not in _INERT_KEEPS and name in empty:
+            recorder.__dict__[name] = empty[name]
+    return records
+
+
+_INERT_KEEPS = frozenset(("state", "exit_seen", "block_watch", "installation", "check_nan"))
 
 
 def _release_freed():
@@ -210,8 +230,11 @@ def take_off_stack(recorder) -> bool:
 def _hold_headroom():
     if _headroom[0] == 0:
         limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(limit + RECURSION_HEADROOM)
-        _headroom[1] = limit
+        _setrecursionlimit(limit + RECURSION_HEADROOM)
+        _headroom[1], _headroom[2] = limit, False
+        # A limit set inside the block can equal the one we set: only a call tells the user's apart.
+        if sys.setrecursionlimit is _setrecursionlimit:
+            sys.setrecursionlimit = _limit_set_while_held
     _headroom[0] += 1
 
 
@@ -219,11 +242,34 @@ def _release_headroom():
     _headroom[0] = max(0, _headroom[0] - 1)
     if _headroom[0] == 0:
         limit, _headroom[1] = _headroom[1], None
-        if limit is not None and sys.getrecursionlimit() == limit + RECURSION_HEADROOM:
+        if sys.setrecursionlimit is _limit_set_while_held:
+            sys.setrecursionlimit = _setrecursionlimit
+        if limit is not None and not _headroom[2] and sys.getrecursionlimit() == limit + RECURSION_HEADROOM:
             try:
-                sys.setrecursionlimit(limit)  # unless a block set a limit of its own
+                _setrecursionlimit(limit)
             except RecursionError:  # deeper than the user's limit right now: theirs stays raised
                 pass
+
+
+_setrecursionlimit = sys.setrecursionlimit
+
+
+# sys.setrecursionlimit while blocks hold the headroom (with the builtin's name, doc and signature):
+# the limit set is the user's from then on, whoever set it and whatever its value, and stays.
+@functools.wraps(_setrecursionlimit)
+def _limit_set_while_held(new_limit, /):
+    try:
+        _setrecursionlimit(new_limit)
+    except BaseException as exc:
+        exc.__traceback__ = exc.__traceback__.tb_next  # raised by the builtin the user called: not here
+        if type(exc) is RecursionError and len(exc.args) == 1 and isinstance(exc.args[0], str):
+            # "... at the recursion depth N": N counts this frame, which a plain call does not have.
+            exc.args = (_DEPTH.sub(lambda m: m.group(1) + str(int(m.group(2)) - 1), exc.args[0], count=1),)
+        raise
+    _headroom[2] = True
+
+
+_DEPTH = re.compile(r"(recursion depth )(\d+)")
 
 
 def finish_interrupted_mode_stashes(exc):

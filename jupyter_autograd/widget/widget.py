@@ -598,8 +598,11 @@ def save_html(trace: TraceData, path, filename: Optional[str] = None) -> pathlib
 
 def _write_whole(path: pathlib.Path, text: str) -> None:
     """The file holds the whole text or stays as it was: a full disk never leaves half a report.
-    Written beside it (same file system, so the rename is atomic), then renamed over it."""
+    Written beside it (same file system, so the rename is atomic), then renamed over it. A symlink
+    stays one: the rename goes over the file it points to (a rename over the link would replace
+    the link and leave its target stale)."""
     data = text.encode("utf-8")
+    path = pathlib.Path(os.path.realpath(path))
     temporary = path.with_name(".%s.%s.tmp" % (path.name, secrets.token_hex(4)))
     # os.open with 0o666, as open() does: the file gets the user's umask, not mkstemp's 0o600.
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
