@@ -370,7 +370,7 @@ class capture:
                 elif recorder.installation.on_thread and recorder.installation.thread != threading.get_ident():
                     # Its mode stays on the entering thread's stack until that thread's next capture:
                     # the records go with the trace, not with it.
-                    part = lifecycle.hand_over(recorder)
+                    part = recorder.hand_over()
                 else:
                     part = recorder
                 previous = recorder.pause()  # the build's own reads are no ops of the block

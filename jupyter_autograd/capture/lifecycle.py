@@ -143,22 +143,6 @@ def release(recorder, inside_its_call=False):
         raise failure
 
 
-def hand_over(recorder):
-    """For a block that ended in another thread than the one that entered it: a recorder holding all
-    that `recorder` recorded, for the trace's build; `recorder` itself, which stays on the entering
-    thread's stack (inert) until that thread's next capture, keeps only its state and installation."""
-    records = type(recorder).__new__(type(recorder))
-    records.__dict__.update(recorder.__dict__)
-    empty = type(recorder)(check_nan=recorder.check_nan).__dict__
-    for name in list(recorder.__dict__):
-        if name not in _INERT_KEEPS and name in empty:
-            recorder.__dict__[name] = empty[name]
-    return records
-
-
-_INERT_KEEPS = frozenset(("state", "exit_seen", "block_watch", "installation", "check_nan"))
-
-
 def _release_freed():
     """Take back the blocks whose capture a collection freed while this thread held the lock."""
     while _freed_while_locked and not _lock.held_here():

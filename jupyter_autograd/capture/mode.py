@@ -370,6 +370,18 @@ class Recorder(RecordingMode):
         seq = rec[OP_SEQ]
         return self.node_ranges.of_op(index) if seq is NODES_IN_RANGES else seq
 
+    def hand_over(self):
+        """For a block that ended in another thread than the one that entered it: a recorder holding all
+        that this one recorded, for the trace's build. This one, which stays on the entering thread's
+        stack (inert) until that thread's next capture, keeps only its state and installation."""
+        records = Recorder.__new__(Recorder)
+        records.__dict__.update(self.__dict__)
+        empty = Recorder(check_nan=self.check_nan).__dict__
+        for name in list(self.__dict__):
+            if name not in _INERT_KEEPS and name in empty:
+                self.__dict__[name] = empty[name]
+        return records
+
     # -- a nested capture's share ---------------------------------------------------------------
     def since(self, start):
         """A recorder holding only the ops from index `start` on, for a capture nested in this one
@@ -392,6 +404,9 @@ class Recorder(RecordingMode):
         part.folding = self.folding.shifted(start)
         part.function_calls = self.function_calls.shifted(start)
         return part
+
+
+_INERT_KEEPS = frozenset(("state", "exit_seen", "block_watch", "installation", "check_nan"))
 
 
 def _after_block(recorder):
