@@ -14,6 +14,7 @@ from . import graph as graph_snapshot
 from . import nan_watch
 from .frames import frame_kind, frame_names, namespace_items, place
 from .kept import KeptTensors
+from .records import Snapshot
 from .tensors import TENSOR, tensors_in, value_kind, versions
 
 _Tensor = torch.Tensor
@@ -50,7 +51,7 @@ class BackwardCalls:
                 before = versions(tensors)
                 leaves, walked = self._checkpoint_before(recorder, func, args, kwargs)
             if recorder.check_nan and self.nan_origin is None:
-                watch = nan_watch.NanWatch(recorder.fail, self.checkpoints[-1][0])
+                watch = nan_watch.NanWatch(recorder.fail, self.checkpoints[-1].op_index)
                 watch.attach(walked)
             walked = None
             seq = _next_seq()
@@ -103,7 +104,7 @@ class BackwardCalls:
         self.unchecked = None
         grads = []
         if func is torch.autograd.grad:
-            inputs = self.checkpoints[-1][4]
+            inputs = self.checkpoints[-1].inputs
             grads = [(tid, g) for (tid, _), g in zip(inputs, result or ()) if isinstance(g, _Tensor)]
         else:
             refs = recorder.tensors.refs
@@ -141,7 +142,7 @@ class BackwardCalls:
             snapshot, leaves, walked = graph_snapshot.take(recorder, roots, index, "backward", inputs, retain)
         except Exception as exc:
             recorder.lose("the graph walk before " + where, exc, "the saved tensors of that call were not checked")
-            snapshot, leaves, walked = (index, "backward", [], [], [], retain), (), ()
+            snapshot, leaves, walked = Snapshot(index, "backward", [], [], [], retain), (), ()
         self.checkpoints.append(snapshot)
         self.kept.look(recorder.tensors.refs, index)
         return leaves, walked
@@ -173,12 +174,12 @@ class BackwardCalls:
     def empty_checkpoint(self, at):
         """Drop the saved-tensor slots of checkpoint `at` (folding.py): its call found nothing."""
         cp = self.checkpoints[at]
-        self.checkpoints[at] = (cp[0], cp[1], tuple(cp[2]), (), tuple(cp[4])) + cp[5:]
+        self.checkpoints[at] = cp._replace(roots=tuple(cp.roots), slots=(), inputs=tuple(cp.inputs))
 
     def shifted(self, start, end):
         """As a capture nested in this block sees it, whose op indices start again at 0 at op `start`."""
         part = BackwardCalls()
-        part.checkpoints = [(i - start,) + cp[1:] for cp in self.checkpoints if (i := cp[0]) >= start]
+        part.checkpoints = [cp._replace(op_index=cp.op_index - start) for cp in self.checkpoints if cp.op_index >= start]
         part.retained = self.retained
         part.freeing = {i - start for i in self.freeing if i >= start}
         part.names = dict(self.names)

@@ -20,7 +20,8 @@ from .backward import BACKWARD_FUNCS
 from .frames import call_columns, call_span
 from .freeze import end_checkpoint, freeze, raised_at
 from .mode import DATA_GETTER, DATA_SETTER, REQUIRES_GRAD_SETTER
-from .records import OP_CODE, OP_ERR, OP_FUNC, OP_GRAD, OP_IN, OP_LINE, OP_OUT, OP_VA, OP_VB, OP_WR, lost_part
+from .records import (NODE_LEAF, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD, OP_IN, OP_LINE, OP_OUT, OP_VA, OP_VB, OP_WR, SLOT_TID,
+                      lost_part)
 from .tensors import META_ALIAS, META_BASE, shape_of
 
 _op_names = {}
@@ -249,9 +250,9 @@ def _referenced_tensors(recorder, frozen) -> set:
             wanted.update(rec[OP_IN])
             wanted.update(rec[OP_OUT])
     for cp in recorder.backward.checkpoints:
-        wanted.update(s[2] for s in cp[3] if s[2] is not None)
-        wanted.update(t for t, _ in cp[4])
-    wanted.update(e[2] for e in recorder.graph.nodes.values() if e[2] is not None)
+        wanted.update(s[SLOT_TID] for s in cp.slots if s[SLOT_TID] is not None)
+        wanted.update(t for t, _ in cp.inputs)
+    wanted.update(e[NODE_LEAF] for e in recorder.graph.nodes.values() if e[NODE_LEAF] is not None)
     metas, todo = recorder.tensors.meta, list(wanted)
     while todo:  # the bases and `.data` sources of those, and theirs
         meta = metas[todo.pop()]

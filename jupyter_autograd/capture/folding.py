@@ -16,8 +16,8 @@ from array import array
 
 import torch
 
-from .records import (NODES_IN_RANGES, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD, OP_IN, OP_LINE, OP_OUT, OP_SEQ, OP_VA,
-                      OP_VB, OP_WR, FoldedNodes)
+from .records import (NODE_RUNS, NODES_IN_RANGES, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD, OP_IN, OP_LINE, OP_OUT, OP_SEQ,
+                      OP_VA, OP_VB, OP_WR, SLOT_FREED, SLOT_NODE, SLOT_RANGE, SLOT_STALE, FoldedNodes)
 
 FOLD_EVERY = 4096  # ops between two folding passes; the first and the latest such window stay whole
 # Ops whose records folding never drops (`.data`, backward calls): the first function ids of every
@@ -73,10 +73,10 @@ class Folding:
             seq = rec[OP_SEQ]
             if seq is not None:
                 entries = [nodes.get(key) for key in range(seq[0], seq[1])]
-                if not all(e is not None and any(b in freeing for b in e[3]) for e in entries):
+                if not all(e is not None and any(b in freeing for b in e[NODE_RUNS]) for e in entries):
                     continue
-                ran_by = tuple(entries[0][3])
-                if all(tuple(e[3]) == ran_by for e in entries):
+                ran_by = tuple(entries[0][NODE_RUNS])
+                if all(tuple(e[NODE_RUNS]) == ran_by for e in entries):
                     droppable.append((seq, ran_by))
             key = (rec[OP_FUNC], rec[OP_CODE], rec[OP_LINE], rec[OP_GRAD], seq is not None)
             small = shared.get(key)
@@ -120,19 +120,19 @@ class Folding:
         while at < len(cps) and cps[at][0] < upto:
             cp = cps[at]
             at += 1
-            slots = cp[3]
-            if not slots or cp[0] not in freeing or any(s[7] or s[8] for s in slots):
+            slots = cp.slots
+            if not slots or cp.op_index not in freeing or any(s[SLOT_STALE] or s[SLOT_FREED] for s in slots):
                 continue
-            made = [op_of_seq(s[0]) if s[0] >= 0 else None for s in slots]
+            made = [op_of_seq(s[SLOT_NODE]) if s[SLOT_NODE] >= 0 else None for s in slots]
             since = 0 if None in made else min(made)
-            ranges = [s[9] for s in slots if s[9] is not None]
+            ranges = [s[SLOT_RANGE] for s in slots if s[SLOT_RANGE] is not None]
             first = bisect.bisect_left(writes, since)
-            last = bisect.bisect_left(writes, cp[0])
+            last = bisect.bisect_left(writes, cp.op_index)
             if ranges and any(w[1] is not None and any(w[1][0] < hi and lo < w[1][1] for lo, hi in ranges)
                               for index in writes[first:last] for w in ops[index][OP_WR]):
                 continue
             backward.empty_checkpoint(at - 1)
-            emptied.add(cp[0])
+            emptied.add(cp.op_index)
         self.checkpoints_done = at
         self.backwards += len(emptied)
         return emptied
@@ -153,7 +153,7 @@ def _forget_leaf_runs(nodes, emptied):
     for key, entry in nodes.items():
         if key >= 0:
             continue
-        runs = entry[3]
+        runs = entry[NODE_RUNS]
         if len(runs) > 1 and any(b in emptied for b in runs[1:]):
             runs[1:] = [b for b in runs[1:] if b not in emptied]
 

@@ -17,6 +17,7 @@ from ..source.naming import callee_of_call, single_callee
 from . import distributed, nan_watch
 from . import graph as graph_snapshot
 from .frames import USER, frame_kind, namespace_items
+from .records import NODE_RUNS
 from .tensors import TENSOR, value_kind
 
 
@@ -51,7 +52,7 @@ def end_checkpoint(recorder):
         if fn is None:
             continue
         entry = nodes.get(fn._sequence_nr()) if type(fn) is not graph_snapshot._ACCUMULATE_GRAD else None
-        if entry is not None and any(b in freeing for b in entry[3]):
+        if entry is not None and any(b in freeing for b in entry[NODE_RUNS]):
             continue  # a backward ran its graph and freed it: nothing in it can be run or checked again
         roots.append(t)
     snap = graph_snapshot.take(recorder, roots, len(recorder.ops), "end")[0]

@@ -12,7 +12,7 @@ import re
 
 import torch
 
-from .records import OP_OUT
+from .records import NODE_CHILDREN, NODE_LEAF, NODE_NAME, NODE_RUNS, NODE_SEEN, OP_OUT, Snapshot
 from .tensors import META_ALIAS, META_BASE, META_SHAPE, byte_range, shape_of
 
 _STALE = re.compile(r"is at version (\d+); expected version (\d+) instead")
@@ -44,8 +44,9 @@ class GraphRecord:
     def shifted(self, start):
         """As a capture nested in this block sees it: the nodes its checkpoints saw, op indices from `start`."""
         part = GraphRecord()
-        part.nodes = {key: [e[0], e[1], e[2], [b - start for b in e[3] if b >= start], e[4] - start]
-                      for key, e in self.nodes.items() if e[4] >= start}
+        part.nodes = {key: [e[NODE_NAME], e[NODE_CHILDREN], e[NODE_LEAF], [b - start for b in e[NODE_RUNS] if b >= start],
+                            e[NODE_SEEN] - start]
+                      for key, e in self.nodes.items() if e[NODE_SEEN] >= start}
         return part
 
 
@@ -124,7 +125,7 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
             continue
         held[id(fn)] = fn
         entry = nodes.get(key)
-        if entry is not None and backward is None and entry[4] > last_write:
+        if entry is not None and backward is None and entry[NODE_SEEN] > last_write:
             continue  # walked before, and nothing was written since: the same subgraph, the same slots
         # Each child's key is computed once, here, and travels with it on the stack (a leaf's key
         # costs a tensor lookup).
@@ -134,7 +135,7 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
             child_keys = tuple([k for _, k in children])
             name, runs = _node_name(fn), recorder.folding.node_runs(key)
         else:
-            name, child_keys, variable, runs = entry[0], entry[1], entry[2], entry[3]
+            name, child_keys, variable, runs = entry[NODE_NAME], entry[NODE_CHILDREN], entry[NODE_LEAF], entry[NODE_RUNS]
         if backward is not None and (not runs or runs[-1] != backward):  # indices only grow
             if type(runs) is list:
                 runs.append(backward)
@@ -159,7 +160,7 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
             # An empty slot is freed if a backward that did not retain the graph ran this node
             # before; otherwise it was never saved (its input needed no gradient).
             retained = recorder.backward.retained
-            ran_before = any(b < op_index and not retained.get(b, False) for b in entry[3])
+            ran_before = any(b < op_index and not retained.get(b, False) for b in entry[NODE_RUNS])
             for name, raw_attr, check_attr in names:
                 slots.extend(_slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check,
                                        ran_before))
@@ -173,7 +174,7 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
         tid = tensors.tid(t)
         # A leaf's key is the one its AccumulateGrad node gets.
         input_keys.append((tid, node_key(fn, tensors) if fn is not None else -1 - tid))
-    return (op_index, kind, root_keys, slots, input_keys, retain), leaves if backward is not None else (), walked
+    return Snapshot(op_index, kind, root_keys, slots, input_keys, retain), leaves if backward is not None else (), walked
 
 
 DEEP_GRAPH = 20_000

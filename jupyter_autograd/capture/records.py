@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
+from typing import NamedTuple
 
 # An op record is a flat tuple (cheap to build, invisible to the cyclic GC's hot lists):
 # (function id (Recorder.funcs), code, lineno, input tids, versions before, versions after, output tids,
@@ -14,6 +15,27 @@ from array import array
 # A write is (tid, byte range): its version counter moved, or (`t.data = new`) its memory was swapped.
 # A version is None for an inference tensor, which has no version counter.
 OP_FUNC, OP_CODE, OP_LINE, OP_IN, OP_VB, OP_VA, OP_OUT, OP_SEQ, OP_WR, OP_GRAD, OP_ERR = range(11)
+
+
+class Snapshot(NamedTuple):
+    """A walk of the graph (graph.take): before a backward call ("backward") or at the block's end ("end")."""
+    op_index: int       # the backward call's op index, or the number of ops at the end
+    kind: str
+    roots: list         # node keys it started from
+    slots: tuple        # the saved-tensor slots it met (SLOT_*)
+    inputs: list        # (tid, node key) of the tensors a backward call differentiates for
+    retain: bool        # whether that call keeps the graph's buffers
+
+
+# A saved-tensor slot of a snapshot is a flat tuple (a walk makes thousands):
+# (node key, slot name, tid, shape, dtype, saved version, current version, stale, freed, byte range or None,
+#  is a saved output, packed by a saved-tensor hook)
+(SLOT_NODE, SLOT_NAME, SLOT_TID, SLOT_SHAPE, SLOT_DTYPE, SLOT_SAVED_VERSION, SLOT_VERSION, SLOT_STALE, SLOT_FREED,
+ SLOT_RANGE, SLOT_IS_OUTPUT, SLOT_HOOKED) = range(12)
+
+# A node of GraphRecord.nodes: [name, child keys, leaf tid or None, backward op indices that ran it,
+# op index of the last snapshot that saw it] (a list for a leaf's AccumulateGrad, else a tuple).
+NODE_NAME, NODE_CHILDREN, NODE_LEAF, NODE_RUNS, NODE_SEEN = range(5)
 
 
 class NodeRanges:
