@@ -75,6 +75,14 @@ def test_nothing_below_the_view_imports_ipython_or_widgets():
     assert found == []
 
 
+def test_only_capture_and_the_layers_above_it_touch_torch():
+    """model/ is plain data and source/ reads the user's source: neither imports torch (nor numpy), so
+    both can be read, tested and reused without it."""
+    found = ["/".join(parts) + " imports " + name for path, parts in _modules() if parts[0] in ("model", "source")
+             for name in _imports(path, parts)[1] if name in ("torch", "numpy", "functorch")]
+    assert found == []
+
+
 def test_the_users_source_is_parsed_in_the_source_layer_and_the_magic_only():
     parsing = sorted("/".join(parts) for path, parts in _modules()
                      if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "parse"
