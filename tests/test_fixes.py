@@ -380,6 +380,14 @@ def test_one_line_fix_removes_the_problem_and_gives_the_clean_gradients(path):
             assert runner.close({k: tensors[k] for k in shared}, {k: clean_tensors[k] for k in shared}), (
                 "%s: the fixed program ends with other values than the clean one:\nfixed %s\nclean %s"
                 % (path.name, tensors, clean_tensors))
+            # A fix that holds leaves no NaN or Inf where the clean program has none: in the gradients and in
+            # every tensor both programs end with (the loss among them). A write moved to a copy can let a
+            # masked -inf reach a loss that the in-place write kept out of it.
+            for label, mine, theirs in (("gradient", grads, clean_grads), ("value", tensors, clean_tensors)):
+                for key in set(mine) & set(theirs):
+                    assert not (all(map(math.isfinite, theirs[key])) and not all(map(math.isfinite, mine[key]))), (
+                        "%s: the fixed program's %s `%s` holds NaN/Inf; the clean program's is finite\n%s"
+                        % (path.name, label, key, fixed))
         applied += 1
     if sc.kind in ("saved-tensor-modified", "leaf-inplace", "accumulated-graph") and applied == 0:
         # Say which scenarios have no one-line fix, so a change in that set is seen in review.
