@@ -39,7 +39,7 @@ def test_the_gradient_norms_of_a_backward_are_one_reduction_per_device_not_one_p
             model(x).sum().backward()
     assert len(list(model.parameters())) == 24
     assert one_by_one.calls == 0
-    assert batched.calls == 2  # after the backward, and the leaves' own norms at the end
+    assert batched.calls == 3  # the loss, the gradients after the backward, the leaves themselves at the end
     stats = trace.grad_stats()
     assert len(stats["parameters"]) == 24
     for name, p in model.named_parameters():

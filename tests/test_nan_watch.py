@@ -296,3 +296,47 @@ def test_a_nested_capture_is_not_blamed_for_a_nan_of_the_outer_block():
             model(torch.randn(4, 3)).backward()  # finite
     assert [d.kind for d in outer.diagnoses] == ["nan-gradient"]
     assert inner.diagnoses == []
+
+
+def test_a_finite_forward_pass_is_read_not_assumed():
+    """A NaN gradient is "from a finite forward pass" only where the loss was finite: the tensors each
+    checked backward starts from are read (a NaN loss makes NaN gradients with no derivative at fault)."""
+    trace = sqrt_at_zero()
+    (d,) = trace.diagnoses
+    assert d.kind == "nan-gradient" and "The forward pass was finite" in d.message
+    assert list(trace.roots_finite.values()) == [True]
+
+    x = torch.tensor([0.0, 1.0], requires_grad=True)
+    for check_nan in (False, True):
+        with ja.capture(check_nan=check_nan) as trace:
+            logs = torch.log(x * 0)  # the forward's first value that is not finite
+            loss = (logs * 0).sum()
+            loss.backward()
+        assert not torch.isfinite(loss) and not torch.isfinite(x.grad).all()  # PyTorch's own values
+        (d,) = trace.diagnoses
+        assert d.kind == "nan-gradient" and d.source.startswith("logs = torch.log(x * 0)")
+        assert "was finite" not in d.message
+        # With check_nan the node's own cause is said (log of 0), with the forward pass's part in it.
+        assert ("The forward pass first made NaN or Inf there too" in d.message and "log of 0" in d.message
+                if check_nan else "already held NaN or Inf" in d.message)
+        assert list(trace.roots_finite.values()) == [False]
+        x.grad = None
+
+
+def test_a_loss_that_is_nan_where_the_tool_cannot_read_it_is_said_to_be_unread():
+    """Off the CPU the values are not read inside the block (a sync): the loss's finiteness comes with
+    the norms at the end, and the first non-finite forward line is not traced; the words then say where
+    the loss was made and how to find that line."""
+    from jupyter_autograd.diagnose.rules.nan import nan_gradient
+    from jupyter_autograd.diagnose.wording import worded
+
+    x = torch.tensor([0.0, 1.0], requires_grad=True)
+    with ja.capture() as trace:
+        logs = torch.log(x * 0)
+        loss = (logs * 0).sum()
+        loss.backward()
+    trace.nonfinite_forward.clear()  # as on a GPU
+    (f,) = nan_gradient(trace, None)
+    assert f.reason == "nan-in-forward" and f.op.location.source == "loss = (logs * 0).sum()"
+    words = worded(trace, f)
+    assert "torch.isfinite" in words.fix and "already held NaN or Inf" in words.message

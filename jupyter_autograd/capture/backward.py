@@ -6,6 +6,7 @@ check_nan, where it first made a NaN or an Inf.
 from __future__ import annotations
 
 import inspect
+import math
 import sys
 
 import torch
@@ -24,8 +25,8 @@ _hidden_from_subclasses = torch._C.DisableTorchFunctionSubclass
 
 
 class BackwardCalls:
-    __slots__ = ("checkpoints", "retained", "freeing", "names", "gradient_norms", "count", "unchecked",
-                 "nan_origin", "kept")
+    __slots__ = ("checkpoints", "retained", "freeing", "names", "gradient_norms", "root_norms", "nonfinite_forward",
+                 "count", "unchecked", "nan_origin", "kept")
 
     def __init__(self):
         self.checkpoints = []     # graph snapshots taken before each backward call (graph.take)
@@ -33,6 +34,10 @@ class BackwardCalls:
         self.freeing = set()      # op indices of backward calls that free their graph (no retain_graph)
         self.names = {}           # tid -> name, from frames seen at backward calls
         self.gradient_norms = []  # (backward op index, [(tid, gradient norm: a float, or a 0-d device tensor)])
+        # (backward op index, [(tid, norm)]) of the tensors each checked backward starts from (the loss):
+        # a NaN gradient is only "from a finite forward pass" if they were finite
+        self.root_norms = []
+        self.nonfinite_forward = {}  # backward op index -> the first op whose result, alive then, held NaN/Inf
         self.count = 0            # backward calls so far (autograd.grad ones too)
         self.unchecked = None     # (op index, leaf tids) of the last backward, if its gradients were not checked
         self.nan_origin = None    # with check_nan: where backward first made a NaN/Inf (nan_watch.py)
@@ -145,7 +150,28 @@ class BackwardCalls:
             snapshot, leaves, walked = Snapshot(index, "backward", [], [], [], retain), (), ()
         self.checkpoints.append(snapshot)
         self.kept.look(recorder.tensors.refs, index)
+        count = self.count + 1
+        if not count & (count - 1):  # a call whose gradients are checked (_note_gradients): its roots too
+            try:
+                self._note_roots(recorder, roots, index)
+            except Exception as exc:
+                recorder.lose("reading the values " + where + " started from", exc,
+                              "a NaN gradient there is not told from a NaN loss")
         return leaves, walked
+
+    def _note_roots(self, recorder, roots, index):
+        """The norms of the tensors a backward starts from (a 0-d device tensor off the CPU: no sync). On
+        the CPU, where reading costs nothing, a root holding NaN/Inf is traced at once to the first op
+        whose result, still alive, holds NaN (else Inf): the forward line that made it."""
+        tensors = recorder.tensors
+        values = [(tensors.tid(r), r) for r in roots
+                  if isinstance(r, _Tensor) and (r.is_floating_point() or r.is_complex())]
+        norms = nan_watch.norms_of(values)
+        self.root_norms.append((index, norms))
+        if any(type(norm) is float and not math.isfinite(norm) for _, norm in norms):
+            first = nan_watch.first_nonfinite(recorder.ops[:index], tensors)
+            if first is not None:
+                self.nonfinite_forward[index] = first
 
     def note_names(self, tensors, namespace):
         for name, value in namespace_items(namespace):  # never a subclass's items(): no code of the user's
@@ -171,6 +197,11 @@ class BackwardCalls:
         norms, self.gradient_norms = self.gradient_norms, []
         return norms
 
+    def take_root_norms(self):
+        """The norms of the tensors the checked backward calls started from, handed over once."""
+        norms, self.root_norms = self.root_norms, []
+        return norms
+
     def empty_checkpoint(self, at):
         """Drop the saved-tensor slots of checkpoint `at` (folding.py): its call found nothing."""
         cp = self.checkpoints[at]
@@ -188,6 +219,9 @@ class BackwardCalls:
         part.gradient_norms = [(i - start, norms) for i, norms in self.gradient_norms if i >= start]
         part.unchecked = (None if self.unchecked is None or self.unchecked[0] < start
                           else (self.unchecked[0] - start, self.unchecked[1]))
+        part.root_norms = [(i - start, norms) for i, norms in self.root_norms if i >= start]
+        part.nonfinite_forward = {i - start: op - start for i, op in self.nonfinite_forward.items()
+                                  if i >= start and op >= start}
         part.nan_origin = self.nan_origin
         part.kept = self.kept.shifted(start, end)
         return part

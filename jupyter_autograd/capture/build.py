@@ -149,6 +149,8 @@ def build_trace(recorder, frozen, error: Optional[str] = None, error_at=None):
         trace.function_calls = recorder.function_calls.pairs()
         trace.notes.extend(frozen.module_notes)
         trace.backward_hooks = dict(frozen.backward_hooks)
+        trace.roots_finite = dict(frozen.roots_finite)
+        trace.nonfinite_forward = dict(recorder.backward.nonfinite_forward)
         if recorder.backward.nan_origin is not None:
             backward, key, name, facts = recorder.backward.nan_origin
             trace.nan_origin = {"backward": backward, "node": key, "name": name, "facts": facts}

@@ -38,6 +38,7 @@ class Frozen:
     nonfinite: Dict[int, int] = field(default_factory=dict)   # tid -> first backward leaving its grad non-finite
     grad_norms: Dict[int, list] = field(default_factory=dict)  # tid -> [(backward op index, norm)]
     leaf_norms: Dict[int, float] = field(default_factory=dict)  # tid -> its own norm at the end of the block
+    roots_finite: Dict[int, bool] = field(default_factory=dict)  # checked backward op index -> its roots were finite
 
 
 def end_checkpoint(recorder):
@@ -141,11 +142,16 @@ def _read_gradient_norms(recorder, frozen):
     of each of those leaves now, the scale its gradient is judged against (Trace.grad_stats)."""
     refs = recorder.tensors.refs
     checked = recorder.backward.take_gradient_norms(refs)
+    roots = recorder.backward.take_root_norms()
     seen = dict.fromkeys(t_id for _, norms in checked for t_id, _ in norms)
     leaves = [(t_id, t) for t_id, t in ((t_id, refs[t_id]()) for t_id in seen)
               if t is not None and (t.is_floating_point() or t.is_complex())]
     # Every norm of the block read at once: on a GPU, one synchronisation at the block's end.
-    *after_calls, own = nan_watch.read_norm_lists([norms for _, norms in checked] + [nan_watch.norms_of(leaves)])
+    *read, own = nan_watch.read_norm_lists([norms for _, norms in checked] + [norms for _, norms in roots]
+                                            + [nan_watch.norms_of(leaves)])
+    after_calls, root_values = read[:len(checked)], read[len(checked):]
+    frozen.roots_finite = {index: all(math.isfinite(norm) for _, norm in norms)
+                           for (index, _), norms in zip(roots, root_values)}
     for (index, _), norms in zip(checked, after_calls):
         for t_id, norm in norms:
             if not math.isfinite(norm):

@@ -16,6 +16,7 @@ import math
 import torch
 
 from .graph import saved_names
+from .records import OP_OUT, OP_WR
 
 _ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
 _no_subclass_dispatch = torch._C.DisableTorchFunctionSubclass
@@ -86,6 +87,34 @@ def _norms(grads):
             for i, norm in zip(positions, norms):
                 out[i] = (out[i][0], norm)
     return out
+
+
+def first_nonfinite(records, table):
+    return _unseen(lambda: _first_nonfinite(records, table))
+
+
+def _first_nonfinite(records, table):
+    """The index of the first op among `records` (op records, in order) whose output, still alive and
+    holding what that op left in it, holds a NaN or an Inf: where the forward pass first left the
+    finite numbers (a `-inf` fill, a log of 0), or None. A tensor written in place later (itself or
+    through a view of the memory it shares) holds what the last write left: that write is its op.
+    CPU tensors only: reading a device's would wait for it."""
+    refs = table.refs
+    last_write = {}  # the tensor whose memory a written tensor views (the end of its bases) -> the last op writing it
+    for index, rec in enumerate(records):
+        for t_id, _ in rec[OP_WR] or ():
+            last_write[table.root(t_id)] = index
+    for index, rec in enumerate(records):
+        for t_id in rec[OP_OUT]:
+            if last_write.get(table.root(t_id), index) > index:
+                continue  # what it holds now, a later write left
+            t = refs[t_id]() if t_id < len(refs) else None
+            if t is None or not t.is_cpu or t.layout is not _STRIDED or t.is_nested or not (
+                    t.is_floating_point() or t.is_complex()):
+                continue
+            if not bool(torch.isfinite(t.detach()).all()):
+                return index
+    return None
 
 
 def _foreach_norms(tensors, dtype):

@@ -98,6 +98,15 @@ class TensorTable:
                 tids.extend(self.quiet_tid(t) for t in a if isinstance(t, _Tensor))
         return tuple(tids)
 
+    def root(self, t_id):
+        """The tensor whose memory (and version counter) tensor t_id views: the end of its chain of bases."""
+        meta = self.meta
+        seen = 0
+        while meta[t_id][META_BASE] is not None and seen < 64:
+            t_id = meta[t_id][META_BASE]
+            seen += 1
+        return t_id
+
     def created_by(self, t_id):
         """The op that made tensor t_id, or None (folded rows keep it in a column of their own)."""
         made = self.meta[t_id][META_CREATED]

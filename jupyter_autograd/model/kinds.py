@@ -92,7 +92,7 @@ class Diagnosis:
                 "graph-freed": "Backward through a graph that an earlier backward freed",
                 "graph-cut": "The loss is cut off from everything that requires grad",
                 "missing-grad": "A tensor you train gets no gradient",
-                "nan-gradient": "NaN or Inf gradient from a finite forward pass",
+                "nan-gradient": "NaN or Inf gradient",
                 "view-inplace": "In-place change of a view that PyTorch forbids writing",
                 "inference-tensor-saved": "A tensor made in inference mode is used by autograd",
                 "nonleaf-requires-grad": "requires_grad set on a tensor that is not a leaf",

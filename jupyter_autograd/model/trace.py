@@ -46,6 +46,12 @@ class TraceData:
     function_calls: List[Tuple[int, int]] = field(default_factory=list)
     # With check_nan: {"backward": op index, "node": key, "name": node name, "facts": what its saved inputs held}
     nan_origin: Optional[Dict[str, Any]] = field(default_factory=lambda: None)
+    # Checked backward calls (1, 2, 4, 8, ...): op index -> whether the tensors it started from (the loss)
+    # were finite. A NaN gradient from a NaN loss was made by the forward pass, not by backward.
+    roots_finite: Dict[int, bool] = field(default_factory=dict)
+    # Where a checked backward started from a NaN/Inf on the CPU: its op index -> the first op whose result,
+    # alive at that call, held NaN (else Inf).
+    nonfinite_forward: Dict[int, int] = field(default_factory=dict)
 
     # -- convenience -------------------------------------------------------------------------
     @property

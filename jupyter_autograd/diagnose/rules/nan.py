@@ -1,8 +1,12 @@
-"""nan-gradient: a backward made NaN or Inf gradients from a finite forward pass.
+"""nan-gradient: NaN or Inf gradients, made by backward from a finite forward pass or carried in from a
+forward pass that was not finite.
 
 Reasons: `nan-at-node` (with check_nan: the node whose backward first turned finite gradients into
 NaN/Inf, named at the forward line that made it, with what its saved inputs held), `nan-after-backward`
-(without it: the leaves whose gradients held NaN/Inf after a checked backward call)."""
+(without it: the leaves whose gradients held NaN/Inf after a checked backward call), `nan-in-forward`
+(the tensor that backward started from already held NaN/Inf: named at the first op whose result held
+one, where the CPU let the tool read it, else at the line that made that tensor). Whether the loss
+was finite is read, not assumed (trace.roots_finite)."""
 from __future__ import annotations
 
 import re
@@ -12,7 +16,7 @@ from ...model import TraceData
 from ..findings import Finding, Words
 from ..fixes import NO_ONE_LINE_FIX, line_ref, where
 from ..wording import words
-from .common import name
+from .common import made, name
 
 _CAUSES = {
     "Sqrt": ("result", "zeros", "the square root of 0 at {n} of {total} positions: its derivative 1/(2*sqrt(x)) is "
@@ -41,6 +45,10 @@ def nan_gradient(trace: TraceData, source) -> List[Finding]:
         key = origin["node"]
         node = trace.nodes.get(key)
         op = trace.ops[node.created_by] if node is not None and node.created_by is not None else None
+    if origin is not None and (trace.roots_finite.get(origin["backward"]) is not False or (
+            op is not None and trace.nonfinite_forward.get(origin["backward"]) == op.index)):
+        # A finite loss (or not read), or a node made by the very op where the forward pass first left the
+        # finite numbers (log of 0): the node's own cause says most.
         backward = trace.ops[origin["backward"]] if origin["backward"] < len(trace.ops) else None
         made = op.outputs[0] if op is not None and op.outputs else None
         return [Finding("nan-gradient", "nan-at-node", op=op, saved=backward, subject=made,
@@ -51,7 +59,49 @@ def nan_gradient(trace: TraceData, source) -> List[Finding]:
         return []
     first = min(bad, key=lambda t: trace.tensors[t].nonfinite_after)
     backward = trace.ops[trace.tensors[first].nonfinite_after]
+    if trace.roots_finite.get(backward.index) is False:
+        return [_from_forward(trace, backward, bad)]
     return [Finding("nan-gradient", "nan-after-backward", op=backward, subject=bad[0], tids=tuple(bad))]
+
+
+def _from_forward(trace: TraceData, backward, bad) -> Finding:
+    """The backward started from NaN/Inf: the forward pass made it. Culprit: the first op whose result
+    held NaN (else Inf), where it was read; else the line that made the tensor backward started from."""
+    root = next((t for t in backward.inputs if t in trace.tensors), None)
+    first = trace.nonfinite_forward.get(backward.index)
+    op = trace.ops[first] if first is not None and first < len(trace.ops) else made(trace, root)
+    result = op.outputs[0] if op is not None and op.outputs else None
+    return Finding("nan-gradient", "nan-in-forward", op=op if op is not None else backward, saved=backward,
+                   subject=result if first is not None else root,
+                   tids=tuple(t for t in (result, root) if t is not None) + tuple(bad),
+                   facts={"root": root, "traced": first is not None, "gradients": tuple(bad)})
+
+
+@words("nan-in-forward")
+def _in_forward(trace: TraceData, f: Finding) -> Words:
+    facts, backward, op = f.facts, f.saved, f.op
+    root = trace.tensor_label(facts["root"]) if facts["root"] is not None else "the tensor backward started from"
+    gradients = [trace.tensor_label(t) for t in facts["gradients"]]
+    if facts["traced"]:
+        first = ("%s is the first line whose result (`%s`) held NaN or Inf" % (where(op), trace.tensor_label(f.subject))
+                 if op is not None else "")
+        message = ("`%s` already held NaN or Inf when backward started from it on %s: the forward pass made it, "
+                   "and backward carried it into the gradient of %s. %s. An optimizer step with these gradients "
+                   "turns the weights into NaN."
+                   % (root, line_ref(backward), _listing(gradients), first[:1].upper() + first[1:]))
+        fix = ("%s make the forward values finite where %s makes NaN or Inf: a log or a division of 0, a softmax "
+               "over a row masked entirely with -inf (fill with a large negative number such as "
+               "`torch.finfo(x.dtype).min`, or keep one position unmasked), 0 * inf from a masked value."
+               % (NO_ONE_LINE_FIX, line_ref(op) if op is not None else "the forward pass"))
+    else:
+        message = ("`%s`%s already held NaN or Inf when backward started from it on %s: the forward pass made it, "
+                   "and backward carried it into the gradient of %s. An optimizer step with these gradients turns "
+                   "the weights into NaN." % (root, " (%s)" % where(op) if op is not None else "", line_ref(backward),
+                                              _listing(gradients)))
+        fix = ("%s find the first forward line whose result holds NaN or Inf (`torch.isfinite(t).all()` after each, "
+               "or run the block on the CPU, where the tool names it) and make its values finite there."
+               % NO_ONE_LINE_FIX)
+    return Words(message, fix, root if not facts["traced"] else trace.tensor_label(f.subject))
 
 
 @words("nan-after-backward")
@@ -89,8 +139,11 @@ def _at_node(trace: TraceData, f: Finding) -> Words:
                "`safe = torch.where(mask, x, torch.ones_like(x))`, then `torch.where(mask, safe.sqrt(), 0)`, "
                "with your own mask and input")
     fix = "%s %s." % (NO_ONE_LINE_FIX, fix)
-    message = ("The forward pass was finite, but backward%s made NaN/Inf first in %s, the gradient of %s%s: %s."
-               % (" on %s" % line_ref(backward) if backward is not None else "", node_name,
+    finite = trace.roots_finite.get(backward.index) if backward is not None else None
+    message = ("%sackward%s made NaN/Inf first in %s, the gradient of %s%s: %s."
+               % ("The forward pass was finite, but b" if finite is True else
+                  "The forward pass first made NaN or Inf there too, and b" if finite is False else "B",
+                  " on %s" % line_ref(backward) if backward is not None else "", node_name,
                   where(op) if op is not None else "an operation", " (`%s`)" % tensor if tensor else "", what))
     return Words(message, fix, tensor)
 
