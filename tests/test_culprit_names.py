@@ -3,10 +3,10 @@
 Each program runs from a file of its own, plain and under capture(): PyTorch's outcome must be the
 same. The expected name is the expression written at the culprit line, which is where the program's
 text puts the tensor: wherever it lives (a module's buffer reached through `self`, a carried state on
-a helper object, a dict on an object) and whatever it was called elsewhere (a path through the model,
-the assignment that made it in an earlier iteration, no name at all). What stays: a parameter's
-dotted path, a variable of the user's holding the tensor, and any name where the line's reading is
-not certain.
+a helper object, a dict on an object) and whatever it was called elsewhere or bound it there (a path
+through the model, the assignment that made it in an earlier iteration, a variable of the caller's, a
+rebinding, the alias an in-place method returns, no name at all). What stays: a parameter's dotted
+path, and any name where the line's reading is not certain.
 """
 import textwrap
 
@@ -167,3 +167,46 @@ def test_a_line_that_could_mean_either_operand_does_not_rename(tmp_path):
     # `self.decay` holds a number, `self.centroid` the tensor: the op's one tensor input could be
     # either operand as far as the line's text and the op tell, so the name from elsewhere stays.
     assert d.tensor == "centroid", d.tensor
+
+
+def test_the_alias_an_inplace_method_returns_goes_by_the_name_the_culprit_line_writes(tmp_path):
+    d, _ = diagnosed(tmp_path, """
+        import torch
+        w = torch.randn(3, requires_grad=True)
+        a = w * 2
+        b = a.exp_()
+        c = b * w
+        b.add_(1)  # culprit
+        c.sum().backward()
+    """, "saved-tensor-modified")
+    assert d.tensor == "b", d.tensor
+
+
+def test_a_callers_tensor_rebound_in_a_function_goes_by_the_functions_name_for_it(tmp_path):
+    d, _ = diagnosed(tmp_path, """
+        import torch
+        lin = torch.nn.Linear(3, 3)
+
+        def squash(features):
+            x = features
+            y = x * x
+            x.mul_(2)  # culprit
+            return y.sum()
+
+        h = lin(torch.randn(2, 3))
+        squash(h).backward()
+    """, "saved-tensor-modified")
+    assert d.tensor == "x", d.tensor
+
+
+def test_a_tensor_unpacked_from_a_tuple_goes_by_the_name_it_was_unpacked_to(tmp_path):
+    d, _ = diagnosed(tmp_path, """
+        import torch
+        w = torch.randn(3, requires_grad=True)
+        state = (w * 1.5, w * 3)
+        hidden, cell = state
+        out = (hidden * cell).sum()
+        hidden.zero_()  # culprit
+        out.backward()
+    """, "saved-tensor-modified")
+    assert d.tensor == "hidden", d.tensor

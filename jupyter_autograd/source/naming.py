@@ -322,10 +322,10 @@ def names_at_culprits(trace: TraceData, alignment: Alignment, claims) -> Dict[in
         if tid is None or tid not in trace.tensors or tid in renamed:
             continue
         info = trace.tensors[tid]
-        if info.is_parameter or info.by_variable:
+        if info.is_parameter:
             continue
         name = spelled(trace, alignment, op, tid)
-        if name is None or name == info.name or (info.name is not None and name.isidentifier()):
+        if name is None or name == info.name:
             continue
         renamed[tid] = name
     return renamed

@@ -2,7 +2,7 @@
 # match the critic, and kept on the agent. The moved copy is not a leaf: its .grad stays None,
 # and the hand-written update below silently never runs. Diagnosed although the tensor only
 # lives on the object while it trains.
-# expect: missing-grad tensor=log_alpha
+# expect: missing-grad tensor=self.log_alpha
 # outcome: ok
 import torch
 
