@@ -1,7 +1,7 @@
 # SageMaker Debugger's hook registers a gradient hook on every parameter of the model it is
 # handed. The report fine-tunes a pretrained ResNet with its feature layers frozen
 # (`param.requires_grad = False`), and the hook's register_hook refuses the frozen parameters.
-# expect: needs-grad tensor=param
+# expect: needs-grad tensor=model.0.weight
 # outcome: raises RuntimeError
 import torch
 from torch import nn

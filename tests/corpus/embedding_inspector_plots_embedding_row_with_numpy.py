@@ -21,4 +21,5 @@ def do_inspect(encoder, token_id):
 
 
 torch.manual_seed(0)
-do_inspect(TextEncoder(), 3)
+encoder = TextEncoder()
+do_inspect(encoder, 3)

@@ -22,7 +22,7 @@ class SelectiveScanFn(torch.autograd.Function):
 
 
 def selective_scan_fn(u, delta, A):
-    return SelectiveScanFn.apply(u, delta, A)
+    return SelectiveScanFn.apply(u, delta, A)  # @saved
 
 
 class Mamba(nn.Module):
@@ -35,7 +35,7 @@ class Mamba(nn.Module):
     def forward(self, hidden_states):
         u = self.in_proj(hidden_states)
         delta = nn.functional.softplus(self.dt_proj(hidden_states))
-        return selective_scan_fn(u, delta, -torch.exp(self.A_log))  # @saved
+        return selective_scan_fn(u, delta, -torch.exp(self.A_log))
 
 
 torch.manual_seed(0)

@@ -23,4 +23,4 @@ class DiT(nn.Module):
 torch.manual_seed(0)
 model = DiT()
 z, v = torch.randn(3, 4), torch.randn(3, 4)
-u, dudt = torch.func.jvp(model, (z,), (v,))  # @saved
+u, dudt = torch.func.jvp(model, (z,), (v,))

@@ -2,7 +2,7 @@
 # requires_grad = False for the first epochs. A meta-learning change to utils_fit.py then asks
 # torch.autograd.grad for the gradient of the loss with respect to every parameter of the model,
 # the frozen ones included, and autograd.grad refuses a tensor that does not require grad.
-# expect: needs-grad tensor=param
+# expect: needs-grad tensor=model.backbone.0.weight
 # outcome: raises RuntimeError
 import torch
 from torch import nn
