@@ -472,3 +472,22 @@ def test_inf_gradients_of_float16_parameters_under_the_scaler_are_the_float16_pr
     assert (d.line, d.saved_line) == (cast, raising)
     exc, _, namespace = run(tmp_path / "program.py", source, captured=False)
     assert not torch.isfinite(namespace["model"].weight.grad).all()  # the scaled float16 gradient overflowed
+
+
+def test_an_optimizer_handed_a_moved_tensor_names_the_move_and_its_fix_runs(tmp_path):
+    source = """
+        import torch
+
+        scale = torch.ones(3, requires_grad=True).to(torch.float64)
+        opt = torch.optim.Adam([scale], lr=0.1)
+        loss = (scale * 2).sum()
+        loss.backward()
+        opt.step()
+    """
+    d, path = diagnosed(tmp_path, source, "nonleaf-optimized", error=ValueError)
+    moved, built = lines(path, "scale = torch.ones(3, requires_grad=True).to(torch.float64)",
+                         "opt = torch.optim.Adam([scale], lr=0.1)")
+    assert (d.line, d.saved_line, d.tensor) == (moved, built, "scale")
+    fixed = with_line(source, moved, replacement(d.fix))
+    exc, _, namespace = run(tmp_path / "fixed.py", fixed, captured=False)
+    assert exc is None and namespace["scale"].grad is not None  # the optimizer now holds what trains

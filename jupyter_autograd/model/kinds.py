@@ -9,7 +9,7 @@ from typing import Optional, Tuple
 PROBLEM_KINDS = ("leaf-inplace", "view-inplace", "saved-tensor-modified", "silent-data-mutation", "accumulated-graph",
                  "graph-freed", "graph-cut", "nonscalar-backward", "not-differentiable", "invalid-gradient",
                  "inference-tensor-saved", "nonleaf-requires-grad", "needs-grad", "grad-to-numpy", "nonleaf-copied",
-                 "not-a-parameter", "fp16-gradients", "transform-unsupported", "checkpoint-incompatible",
+                 "nonleaf-optimized", "not-a-parameter", "fp16-gradients", "transform-unsupported", "checkpoint-incompatible",
                  "ddp-unused-parameters", "ddp-ready-twice", "missing-grad", "nan-gradient", "backward-error")
 
 # What a diagnosis's second line (`Diagnosis.saved_line`) is, per kind: every output labels it
@@ -32,6 +32,7 @@ SECOND_LINE_LABELS = {
     "grad-to-numpy": "history from",             # where the history of the tensor handed to NumPy began
     "needs-grad": "raised at",                   # the call that needed a gradient (register_hook, autograd.grad)
     "nonleaf-copied": "copied at",               # the deepcopy that met the tensor
+    "nonleaf-optimized": "optimizer built",      # the optimizer handed the tensor
     "not-a-parameter": "parameter made",         # where the class makes the attribute an nn.Parameter
     "fp16-gradients": "raised at",               # the GradScaler call
     "transform-unsupported": "raised at",
@@ -64,6 +65,7 @@ EXPLAINS = {
                    "cannot register a hook on a tensor that doesn't require gradient",
                    "can't retain_grad on Tensor that has requires_grad=False"),
     "nonleaf-copied": ("Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol",),
+    "nonleaf-optimized": ("can't optimize a non-leaf Tensor",),
     "not-a-parameter": ("(torch.nn.Parameter or None expected)", "(torch.nn.Parameter or None required)"),
     "fp16-gradients": ("Attempting to unscale FP16 gradients",),
     "transform-unsupported": ("it must override the setup_context staticmethod",),
@@ -123,6 +125,7 @@ class Diagnosis:
                 "grad-to-numpy": "NumPy was handed a tensor that requires grad",
                 "needs-grad": "A gradient is needed of a tensor that does not require grad",
                 "nonleaf-copied": "copy.deepcopy met a tensor with a history",
+                "nonleaf-optimized": "An optimizer was handed a tensor that is not a leaf",
                 "not-a-parameter": "A module's parameter was assigned a plain tensor",
                 "fp16-gradients": "GradScaler met float16 gradients",
                 "transform-unsupported": "An autograd.Function without setup_context under torch.func",

@@ -82,6 +82,19 @@ def nonleaf_copied_fix(src: str, stored: Optional[str]) -> str:
             "`torch.no_grad()` if nothing is trained from it." % NO_ONE_LINE_FIX)
 
 
+def nonleaf_optimized_fix(name: Optional[str], rewritten, label: str) -> str:
+    """An optimizer handed a tensor with a history: make a leaf of its values where it is made."""
+    shown = "`%s`" % as_code(name) if is_code_name(name) else "the tensor"
+    if rewritten is not None:
+        first, last, block = rewritten
+        head = REPLACE if first == last else "Replace lines %d to %d of %s with:" % (first, last, label)
+        return ("Make %s a leaf that requires grad, with the same values: `.detach()` drops the history and "
+                "`.requires_grad_()` makes the new leaf trainable. %s\n%s" % (shown, head, code(block)))
+    return ("%s hand the optimizer leaves: set requires_grad after the last operation (`x = x.detach()."
+            "requires_grad_()`), or create the tensor where it is used, with `device=` and `dtype=` given to its "
+            "factory." % NO_ONE_LINE_FIX)
+
+
 def not_a_parameter_fix(target: Optional[str]) -> str:
     """A module's parameter assigned a plain tensor."""
     written = "`%s.copy_(new_value)`" % as_code(target) if is_code_name(target) else "`.copy_()`"

@@ -14,6 +14,8 @@ and the user's source, never from the shape of a statement:
   cuts.cut_of).
 * nonleaf-copied: copy.deepcopy met a tensor with a history. Culprit: the store that put it on the
   module that was copied (`self.exp = x`), else the op that made it (weight_norm's reparametrisation).
+* nonleaf-optimized: an optimizer handed a tensor with a history. Culprit: the op that made it from the
+  leaf that requires grad (a scaling or a move after requires_grad=True).
 * not-a-parameter: a module's parameter assigned a plain tensor. Culprit: the assignment; the second
   line, where the class registered the parameter.
 * fp16-gradients: GradScaler met float16 gradients. Culprit: the cast that made those parameters
@@ -28,7 +30,7 @@ Only the error the block ended with is judged (one the program caught raised not
 cause cannot be traced, the finding names the line that raised and says what it could not trace
 (reason `untraced`).
 
-Reasons: `numpy`, `needs-grad`, `nonleaf-copied`, `not-a-parameter`, `fp16-gradients`,
+Reasons: `numpy`, `needs-grad`, `nonleaf-copied`, `nonleaf-optimized`, `not-a-parameter`, `fp16-gradients`,
 `function-without-setup-context`, `applied-function`, `reentrant-checkpoint`, `untraced`."""
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from ...source.naming import spelled
 from ..findings import Finding, Words
 from ...source.index import parse_fresh
 from ..fixes import (applied_function_fix, fp16_fix, line_ref, needs_grad_fix, no_grad_cut_fix, nonleaf_copied_fix,
-                     not_a_parameter_fix, numpy_fix, reentrant_fix, setup_context_fix, where)
+                     nonleaf_optimized_fix, not_a_parameter_fix, numpy_fix, reentrant_fix, setup_context_fix, where)
 from ..wording import words
 from .common import label, line_text, made, raised, shown
 from .cuts import cut_fix, cut_of, where_at, why_cut
@@ -252,18 +254,29 @@ def _a_list_of_tensors(node) -> bool:
         and _a_list_of_tensors(node.args[0])
 
 
-def _as_leaf(source, maker: OpRecord) -> Optional[str]:
+def _as_leaf(source, maker: OpRecord, detached: bool = False) -> Optional[str]:
     """`x = torch.linspace(0, 1, 10).requires_grad_()`: the one-line statement `name = ...` that made a
-    tensor of data, made to require grad."""
-    if maker.location is None or source.index.first_line(maker.location) != maker.location.line:
+    tensor, made to require grad as a leaf (`detached`: a leaf of its values, `.detach().requires_grad_()`,
+    for a tensor with a history)."""
+    found = _as_leaf_lines(source, maker, detached)
+    return found[2] if found is not None and found[0] == found[1] else None
+
+
+def _as_leaf_lines(source, maker: OpRecord, detached: bool):
+    """(first line, last line, the statement rewritten) for _as_leaf, over the lines of the statement."""
+    if maker.location is None:
         return None
     tree = parse_fresh(source.text(maker.location))
     stmt = tree.body[0] if tree is not None and len(tree.body) == 1 else None
     if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
         return None
-    stmt.value = ast.Call(func=ast.Attribute(value=stmt.value, attr="requires_grad_", ctx=ast.Load()), args=[],
-                          keywords=[])
-    return ast.unparse(tree)
+    value = stmt.value
+    if detached:
+        value = ast.Call(func=ast.Attribute(value=value, attr="detach", ctx=ast.Load()), args=[], keywords=[])
+    stmt.value = ast.Call(func=ast.Attribute(value=value, attr="requires_grad_", ctx=ast.Load()), args=[], keywords=[])
+    first = source.index.first_line(maker.location)
+    span = source.index.facts(maker.location.filename).spans.get(maker.location.line)
+    return first, span[1] if span else first, ast.unparse(tree)
 
 
 def _parameter_store(trace: TraceData, source, name: Optional[str]) -> Optional[Location]:
@@ -405,6 +418,41 @@ def _nonleaf_copied_words(trace: TraceData, f: Finding) -> Words:
     message = ("%s. copy.deepcopy copies only leaves, tensors without a history, and it met this one. PyTorch "
                "raised: \"%s\"" % (what, raised(f.saved.error)))
     return Words(message, nonleaf_copied_fix(maker.location.source if maker.location else "", stored), name)
+
+
+# -- nonleaf-optimized ----------------------------------------------------------------------------
+
+def _nonleaf_optimized(trace: TraceData, source, op: Optional[OpRecord], at: Location) -> Optional[Finding]:
+    """An optimizer built with a tensor that has a history: the one the call's arguments name (the
+    optimizer was never built, so no op holds its parameters), made by an op from a leaf that requires
+    grad (`torch.randn(..., requires_grad=True) * 0.01`, a move after requires_grad was set)."""
+    tree = parse_statement(source.text(at))
+    if tree is None:
+        return None
+    written = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    named = {ast.unparse(a) for call in written for a in ast.walk(call) if isinstance(a, (ast.Name, ast.Attribute))}
+    candidates = [t for t, info in trace.tensors.items() if info.name in named and not info.is_leaf
+                  and info.first_requires_grad and made(trace, t) is not None]
+    if len(candidates) != 1:
+        return None
+    tid = candidates[0]
+    maker = made(trace, tid)
+    rewritten = _as_leaf_lines(source, maker, detached=True)
+    return Finding("nonleaf-optimized", "nonleaf-optimized", op=maker, saved=op, saved_at=at if op is None else None,
+                   subject=tid, tids=(tid,),
+                   facts={"rewritten": rewritten, "file": trace.file_label(maker.location.filename)})
+
+
+@words("nonleaf-optimized")
+def _nonleaf_optimized_words(trace: TraceData, f: Finding) -> Words:
+    maker, name = f.op, label(trace, f.subject)
+    info = trace.tensors[f.subject]
+    message = ("%s made %s with `%s` from a tensor that requires grad, so it is the result of an operation (grad_fn "
+               "%s), not a leaf: the leaf is the tensor it was computed from, and an optimizer updates leaves only. "
+               "The optimizer built on %s was handed it. PyTorch raised: \"%s\""
+               % (where(maker), shown(name) or "the tensor", maker.name, info.grad_fn or "set",
+                  "line %d" % f.facts["raised_at"].line, raised(trace.error)))
+    return Words(message, nonleaf_optimized_fix(name, f.facts["rewritten"], f.facts["file"]), name)
 
 
 # -- not-a-parameter -------------------------------------------------------------------------------
@@ -578,6 +626,7 @@ _PROPERTY = {
     "grad-to-numpy": "requires grad",
     "needs-grad": "does not require grad",
     "nonleaf-copied": "has a history (is not a leaf)",
+    "nonleaf-optimized": "has a history (is not a leaf)",
     "not-a-parameter": "is a plain tensor, not an nn.Parameter",
     "fp16-gradients": "has float16 gradients",
     "transform-unsupported": "is an autograd.Function without setup_context",
@@ -601,6 +650,7 @@ _FINDERS: Dict[str, Callable] = {
     "grad-to-numpy": _numpy,
     "needs-grad": _needs_grad,
     "nonleaf-copied": _nonleaf_copied,
+    "nonleaf-optimized": _nonleaf_optimized,
     "not-a-parameter": _not_a_parameter,
     "fp16-gradients": _fp16,
     "transform-unsupported": _transform,
