@@ -150,6 +150,21 @@ def dotted(node):
     return None
 
 
+def torch_imports(source):
+    """alias -> dotted path for what the program imports from torch (`from torch import autograd`,
+    `import torch.nn.functional as fn`): a fix may call them as the program does."""
+    found = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "torch" and not node.level:
+            for alias in node.names:
+                found[alias.asname or alias.name] = "%s.%s" % (node.module, alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "torch" and alias.asname:
+                    found[alias.asname] = alias.name
+    return found
+
+
 def check_module_path(parts, where):
     obj = MODULES[parts[0]]
     for i, part in enumerate(parts[1:], 1):
@@ -162,7 +177,7 @@ def check_method(name, where):
         "%s: no method `%s` on torch.Tensor, nn.Module, an optimizer, a dict or a list" % (where, name))
 
 
-def check_code(block, user_names, where):
+def check_code(block, user_names, where, imported=None):
     # A replacement for a line of a function may end it (`return output`): compile it as one.
     source = block if not re.search(r"^return\b", block, re.M) else "def _replaced():\n" + textwrap.indent(block, "    ")
     try:
@@ -181,7 +196,9 @@ def check_code(block, user_names, where):
                 check_module_path(parts, where)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             parts = dotted(node.func)
-            if not (parts and parts[0] in MODULES) and "." + node.func.attr not in user_names:
+            if parts and parts[0] in (imported or {}) and parts[0] not in MODULES:  # `autograd.grad(...)`
+                check_module_path(imported[parts[0]].split(".") + parts[1:], where)
+            elif not (parts and parts[0] in MODULES) and "." + node.func.attr not in user_names:
                 check_method(node.func.attr, where)
 
 
@@ -310,7 +327,7 @@ def test_every_fix_is_valid_code_naming_real_methods(path):
         assert d.fix.strip(), where + ": empty fix"
         check_prose(d.fix, where, user_names)
         for _, block in code_blocks(d.fix):
-            check_code(block, user_names, where)
+            check_code(block, user_names, where, torch_imports(sc.source))
         block = replacement(d.fix) or line_replacement(d.fix) or lines_replacement(d.fix)
         assert block is not None or fixes.NO_ONE_LINE_FIX in d.fix or d.filename != sc.path or not d.line or \
             not code_blocks(d.fix), "%s: code that is neither a replacement nor marked as no one-line fix:\n%s" % (

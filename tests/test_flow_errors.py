@@ -328,7 +328,7 @@ def test_an_unused_input_of_autograd_grad_quotes_pytorch_whole():
 
 
 def test_a_loss_computed_from_an_inference_mode_result_is_cut_where_that_ran():
-    @torch.inference_mode()
+    @torch.inference_mode()  # the cut: every call of the helper runs under inference mode
     def predict(model, x):
         return model(x).softmax(-1)  # evaluation helper reused for training
 
@@ -342,7 +342,7 @@ def test_a_loss_computed_from_an_inference_mode_result_is_cut_where_that_ran():
             step(nn.Sequential(nn.Linear(4, 3)), torch.randn(5, 4), torch.tensor([0, 1, 2, 1, 0]))
     [d] = trace.diagnoses
     assert d.kind == "graph-cut" and d.tensor == "loss"
-    assert trace.source_line(d.filename, d.line).strip() == "return model(x).softmax(-1)  # evaluation helper reused for training"
+    assert trace.source_line(d.filename, d.line).strip().startswith("@torch.inference_mode()")
     assert "inference" in d.message and trace.warnings == []
 
 

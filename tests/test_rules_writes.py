@@ -601,9 +601,9 @@ class Trainer:
         return F.mse_loss(self.model(x), y)
 
 
-@torch.no_grad()
+@torch.no_grad()  # <cut-decorated>
 def predict(model, x):
-    return model(x)  # <cut-decorated>
+    return model(x)
 
 
 def train_with_predict():
@@ -627,7 +627,7 @@ CUTS = {
     "with no_grad around the call of the loss function, attribute": (
         lambda: Trainer().step_under_the_callers_no_grad(torch.randn(8, 4), torch.randn(8, 1)),
         "cut-with-around-call", "self.loss"),
-    "a decorated helper is a scope: cut inside it, list element": (train_with_predict, "cut-decorated", None),
+    "a decorated helper: cut at its decorator, list element": (train_with_predict, "cut-decorated", None),
 }
 
 

@@ -76,7 +76,12 @@ def _claim(f: Finding):
 def _said_once(trace: TraceData, found: List[Finding]) -> List[Finding]:
     """Parameters starved by a cut on the way to a loss that graph-cut names are that problem, said
     once (with the loss): the cut is among the ops the loss was computed from. (By line: in a loop,
-    the loss named and the cut met by the missing gradient may be of different iterations.)"""
+    the loss named and the cut met by the missing gradient may be of different iterations.) Inf
+    gradients of float16 parameters that GradScaler refused (fp16-gradients) are that problem too:
+    a float16 gradient of the scaled loss overflows."""
+    float16 = {t for f in found if f.kind == "fp16-gradients" for t in f.tids}
+    if float16:
+        found = [f for f in found if f.kind != "nan-gradient" or not set(f.tids) <= float16]
     cuts = [f for f in found if f.kind == "graph-cut"]
     if not cuts:
         return found

@@ -4,6 +4,7 @@ it says what no rule explained."""
 from __future__ import annotations
 
 from .findings import Rule
+from .rules.causes import raised_causes
 from .rules.cuts import graph_cut
 from .rules.ddp import ddp_ready_twice, ddp_unused_parameters
 from .rules.freed import graph_freed
@@ -31,4 +32,6 @@ RULES = [
     Rule("wrong gradients of custom Functions (invalid-gradient)", invalid_gradient),
     Rule("parameters DistributedDataParallel waited for (ddp-unused-parameters)", ddp_unused_parameters),
     Rule("gradients DistributedDataParallel got twice (ddp-ready-twice)", ddp_ready_twice),
+    Rule("errors about a property of a tensor or a call, at its cause (grad-to-numpy, needs-grad, nonleaf-copied, "
+         "not-a-parameter, fp16-gradients, transform-unsupported, checkpoint-incompatible)", raised_causes),
 ]

@@ -8,8 +8,9 @@ from typing import Optional, Tuple
 # training step, the floor for any other autograd error last.
 PROBLEM_KINDS = ("leaf-inplace", "view-inplace", "saved-tensor-modified", "silent-data-mutation", "accumulated-graph",
                  "graph-freed", "graph-cut", "nonscalar-backward", "not-differentiable", "invalid-gradient",
-                 "inference-tensor-saved", "nonleaf-requires-grad", "ddp-unused-parameters", "ddp-ready-twice",
-                 "missing-grad", "nan-gradient", "backward-error")
+                 "inference-tensor-saved", "nonleaf-requires-grad", "needs-grad", "grad-to-numpy", "nonleaf-copied",
+                 "nonleaf-optimized", "not-a-parameter", "fp16-gradients", "transform-unsupported", "checkpoint-incompatible",
+                 "ddp-unused-parameters", "ddp-ready-twice", "missing-grad", "nan-gradient", "backward-error")
 
 # What a diagnosis's second line (`Diagnosis.saved_line`) is, per kind: every output labels it
 # with these words, next to "culprit". "saved" would be wrong for most: the backward that freed a
@@ -28,6 +29,14 @@ SECOND_LINE_LABELS = {
     "invalid-gradient": "backward",
     "ddp-ready-twice": "backward",
     "backward-error": "backward",
+    "grad-to-numpy": "history from",             # where the history of the tensor handed to NumPy began
+    "needs-grad": "raised at",                   # the call that needed a gradient (register_hook, autograd.grad)
+    "nonleaf-copied": "copied at",               # the deepcopy that met the tensor
+    "nonleaf-optimized": "optimizer built",      # the optimizer handed the tensor
+    "not-a-parameter": "parameter made",         # where the class makes the attribute an nn.Parameter
+    "fp16-gradients": "raised at",               # the GradScaler call
+    "transform-unsupported": "raised at",
+    "checkpoint-incompatible": "raised at",      # the .grad() or backward(inputs=...) that met it
 }
 
 
@@ -50,6 +59,18 @@ EXPLAINS = {
                          "returned a gradient different than None at position"),
     "ddp-unused-parameters": ("Expected to have finished reduction in the prior iteration",),
     "ddp-ready-twice": ("Expected to mark a variable ready only once",),
+    # The errors about a property of a tensor or a call (diagnose/rules/causes.py reads the property from these).
+    "grad-to-numpy": ("Can't call numpy() on Tensor that requires grad",),
+    "needs-grad": ("One of the differentiated Tensors does not require grad", "of the input tensors does not require grad",
+                   "cannot register a hook on a tensor that doesn't require gradient",
+                   "can't retain_grad on Tensor that has requires_grad=False"),
+    "nonleaf-copied": ("Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol",),
+    "nonleaf-optimized": ("can't optimize a non-leaf Tensor",),
+    "not-a-parameter": ("(torch.nn.Parameter or None expected)", "(torch.nn.Parameter or None required)"),
+    "fp16-gradients": ("Attempting to unscale FP16 gradients",),
+    "transform-unsupported": ("it must override the setup_context staticmethod",),
+    "checkpoint-incompatible": ("torch.utils.checkpoint is incompatible with .grad()",
+                                "Checkpointing is not compatible with .grad()"),
     # The floor has no words of its own: it explains the very error it quotes (see exception_note).
     "backward-error": (),
 }
@@ -101,6 +122,14 @@ class Diagnosis:
                 "invalid-gradient": "A custom autograd.Function returned a wrong gradient",
                 "ddp-unused-parameters": "Parameters that DistributedDataParallel waited for got no gradient",
                 "ddp-ready-twice": "DistributedDataParallel got a parameter's gradient twice",
+                "grad-to-numpy": "NumPy was handed a tensor that requires grad",
+                "needs-grad": "A gradient is needed of a tensor that does not require grad",
+                "nonleaf-copied": "copy.deepcopy met a tensor with a history",
+                "nonleaf-optimized": "An optimizer was handed a tensor that is not a leaf",
+                "not-a-parameter": "A module's parameter was assigned a plain tensor",
+                "fp16-gradients": "GradScaler met float16 gradients",
+                "transform-unsupported": "An autograd.Function without setup_context under torch.func",
+                "checkpoint-incompatible": "Reentrant checkpointing met .grad() or backward(inputs=...)",
                 "backward-error": "backward() raised"}.get(self.kind, self.kind)
         if not self.tensor:
             return what

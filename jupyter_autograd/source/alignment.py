@@ -306,8 +306,10 @@ class Reading:
     def name_of(self, op: OpRecord, node: ast.AST, tid: int, window: List[OpRecord],
                 matched: Dict[int, ast.AST]) -> Optional[str]:
         """What `node`, the operation `op` ran, calls tensor `tid`: the statement's target for the result
-        of its whole value; the operand it was for an input from before the window."""
-        if tid in op.outputs:
+        of its whole value; the operand it was for an input from before the window. An op that returned
+        the very tensor it was given, unchanged (`.cpu()` of a tensor on the CPU, `.contiguous()` of a
+        contiguous one), names it by that operand."""
+        if tid in op.outputs and (tid not in op.inputs or tid in op.writes):
             if node is not self.value or self.target is None:
                 return None
             if isinstance(self.target, ast.Subscript):  # stored into a list or a dict, unless into a tensor

@@ -1,11 +1,15 @@
 """What several rule families read of a trace the same way."""
 from __future__ import annotations
 
+import ast
 import re
 from typing import List, Optional
 
-from ...model import Checkpoint, OpRecord, TraceData
+from ...model import GRAD_MODE_SWITCHES, Checkpoint, Location, OpRecord, TraceData
 from ...model.queries import at_maker, engine_order
+from ...source.index import without_comment
+from ...source.naming import single_callee
+from ...source.statements import dotted
 
 
 def name(trace: TraceData, tid: Optional[int]) -> Optional[str]:
@@ -81,3 +85,72 @@ def node_made(trace: TraceData, key: Optional[int]) -> Optional[OpRecord]:
 
 def output_of(op: Optional[OpRecord]) -> Optional[int]:
     return op.outputs[0] if op is not None and op.outputs else None
+
+
+# -- where grad was switched off --------------------------------------------------------------------
+
+def grad_off_decorator(trace: TraceData, source, op: OpRecord) -> Optional[Location]:
+    """For an op that ran with grad off inside a call of a function decorated with `@torch.no_grad()`,
+    `@torch.inference_mode()` or `@torch.set_grad_enabled(False)`: the decorator's line, where grad
+    was switched off. torch's wrapper switches the mode at the line that calls the function and
+    back when it returns, so the recorded switch is that call line (no `with` statement); the
+    function is one that ran ops between the switch and `op` (its code's first line is its first
+    decorator's), or the one the call line calls. None otherwise."""
+    if op.grad_enabled or op.location is None or source is None:
+        return None
+    switch = next((o for o in reversed(trace.ops[:op.index]) if o.name in GRAD_MODE_SWITCHES), None)
+    if switch is None or switch.grad_enabled or switch.location is None \
+            or switch.location.source.startswith(("with ", "async with ")):
+        return None
+    ran = [(o.location.filename, o.location.scope) for o in trace.ops[switch.index + 1:op.index + 1]
+           if o.location is not None and o.location.scope]
+    for filename, first in dict.fromkeys(ran):
+        found = _decorated(source, filename, lambda fn: _first_line(fn) == first)
+        if found is not None:
+            return found
+    callee = single_callee(switch.location.source)
+    if callee is None:
+        return None
+    name = callee.rpartition(".")[2]
+    found = [f for f in (_decorated(source, filename, lambda fn: fn.name == name, unique=True)
+                         for filename, _ in source.index.trees()) if f is not None]
+    return found[0] if len(found) == 1 else None
+
+
+def line_text(source, filename: str, line: int) -> str:
+    """The code of a line of the user's source, without its comment."""
+    return without_comment(source.index.line(filename, line)).strip()
+
+
+def _first_line(function) -> int:
+    return min([function.lineno] + [d.lineno for d in function.decorator_list])
+
+
+def _decorated(source, filename: str, wanted, unique: bool = False) -> Optional[Location]:
+    """The grad-off decorator of the function of `filename` that `wanted` picks (of the only one, with
+    `unique`), as a Location."""
+    tree = source.index.tree(filename)
+    if tree is None:
+        return None
+    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and wanted(n)]
+    if not functions or (unique and len(functions) > 1):
+        return None
+    function = functions[0]
+    decorator = next((d for d in function.decorator_list if _switches_grad_off(d)), None)
+    if decorator is None:
+        return None
+    return Location(filename, decorator.lineno, function.name, line_text(source, filename, decorator.lineno),
+                    _first_line(function))
+
+
+def _switches_grad_off(decorator) -> bool:
+    """`@torch.no_grad()`, `@torch.no_grad`, `@torch.inference_mode()`, `@torch.set_grad_enabled(False)`."""
+    call = decorator if isinstance(decorator, ast.Call) else None
+    name = (dotted(call.func) if call is not None else dotted(decorator)) or ""
+    short = name.rpartition(".")[2]
+    args = call.args if call is not None else []
+    if short == "no_grad":
+        return True
+    if short == "inference_mode":
+        return not args or (isinstance(args[0], ast.Constant) and args[0].value is True)
+    return short == "set_grad_enabled" and len(args) == 1 and isinstance(args[0], ast.Constant) and args[0].value is False

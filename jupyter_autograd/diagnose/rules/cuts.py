@@ -15,12 +15,12 @@ from typing import List, Optional
 from ...model import FREEZE_SETTER, GRAD_MODE_SWITCHES, Checkpoint, OpRecord, TraceData
 from ...model.queries import (ancestors, exit_before, is_cut, made_from_values, reachable, scope_call,
                               switch_left_on)
-from ...source.index import parse_statement
+from ...source.index import parse_fresh, parse_statement
 from ...source.rewrites import without_exit
 from ..findings import Finding, Words
-from ..fixes import NO_ONE_LINE_FIX, REPLACE, code, line_ref, where
+from ..fixes import NO_ONE_LINE_FIX, REPLACE, REPLACE_LINES, code, line_ref, where
 from ..wording import words
-from .common import backward_checkpoints, name
+from .common import backward_checkpoints, grad_off_decorator, name
 
 NO_GRAD_FN = "does not require grad and does not have a grad_fn"
 _SETS_REQUIRES_GRAD = {"Tensor.requires_grad_", FREEZE_SETTER}
@@ -55,24 +55,47 @@ def graph_cut(trace: TraceData, source) -> List[Finding]:
         # (the tensor may be gone by the end of the block: a loss inside a training function).
         if not raised and (info.first_requires_grad or (info.alive and not info.requires_grad)):
             continue
-        cut, why = _find_cut(trace, root, cp.op_index)
-        facts = {"why": why, "why_op": cut, "hidden": not raised, "backward": backward, "switch": None,
-                 "made_without": cut is None}
-        switch = switch_left_on(trace, cut) if cut is not None and why != "frozen" else None
-        in_block = scope_call(trace, cut) if cut is not None and switch is None and why != "frozen" else None
-        if in_block is not None:  # the line of the grad-off block that called the module which ran it
-            cut = in_block
-        elif switch is not None:  # the cut is where grad was switched off, not where that was met
-            facts.update(why="switched", switch=switch)
-            cut = switch
-        elif cut is None:
-            cut = backward
-        key = (_line_of(cut), trace.tensor_label(root))
+        cut, at, facts = cut_of(trace, source, root, cp.op_index)
+        facts.update(hidden=not raised, backward=backward, made_without=cut is None)
+        cut = cut if cut is not None else backward
+        key = ((at.filename, at.line) if at is not None else _line_of(cut), trace.tensor_label(root))
         if key in said:
             continue  # the same cut, met again by the next iteration of a loop
         said.append(key)
-        out.append(Finding("graph-cut", "cut", op=cut, subject=root, tids=(root,), predicted=True, facts=facts))
+        out.append(Finding("graph-cut", "cut", op=cut, at=at, subject=root, tids=(root,), predicted=True,
+                           facts=facts))
     return out + _dead_terms(trace)
+
+
+def cut_of(trace: TraceData, source, tid: int, before: int):
+    """(the op to name, the line to name where it is not the op's, facts) for the chain from tensor
+    `tid` back to what requires grad, cut before op `before`: the op that cut it, placed where grad
+    was switched off when it ran with grad off (the switch left off, the line of the grad-off block
+    that called the module which ran it, the decorator of the function it ran in); (None, None,
+    facts) when nothing it came from ever required grad. `why` in the facts: "op", "frozen", "data",
+    "switched" (by `switch`, where `why_op` ran), "decorated" (by the decorator at `decorator`),
+    "no-graph" (a derivative taken by `why_op` without a graph of its own: `create_graph` says
+    whether it was asked for)."""
+    cut, why = _find_cut(trace, tid, before)
+    facts = {"why": why, "why_op": cut, "switch": None}
+    if cut is None or why in ("frozen", "no-graph"):
+        if why == "no-graph":
+            facts["create_graph"] = _asked_for_graph(trace, source, cut)
+            facts["with_graph"] = _with_graph(trace, source, cut)
+            facts["file"] = trace.file_label(cut.location.filename) if cut.location else ""
+        return cut, None, facts
+    switch = switch_left_on(trace, cut)
+    in_block = scope_call(trace, cut) if switch is None else None
+    if in_block is not None:  # the line of the grad-off block that called the module which ran it
+        return in_block, None, facts
+    if switch is not None:  # the cut is where grad was switched off, not where that was met
+        facts.update(why="switched", switch=switch)
+        return switch, None, facts
+    decorator = grad_off_decorator(trace, source, cut)
+    if decorator is not None:  # switched off by a decorator, for every call of the function
+        facts.update(why="decorated", decorator=decorator)
+        return cut, decorator, facts
+    return cut, None, facts
 
 
 def _line_of(op: OpRecord):
@@ -125,17 +148,19 @@ def _cut(trace: TraceData, f: Finding) -> Words:
     if facts["made_without"]:
         what = "`%s` was made without any tensor that requires grad (%s)" % (tensor, why)
     else:
-        what = "%s cut `%s` off the graph: %s" % (where(cut), tensor, why)
+        what = "%s cut `%s` off the graph: %s" % (where_at(cut, f.at), tensor, why)
     if facts["hidden"]:
         message = ("%s. `%s.requires_grad` was then set by hand, which silences PyTorch's error, but backward() stops "
                    "at `%s`: no parameter gets a gradient, and training does nothing." % (what, tensor, tensor))
         fix = ("%s remove the line that sets `%s.requires_grad`, and keep the loss connected to the parameters "
                "(%s)." % (NO_ONE_LINE_FIX, tensor, why))
     else:
-        message = ("%s. backward() %s \"element 0 of tensors does not require grad and does not have a grad_fn\". "
+        call = "torch.autograd.grad()" if facts["backward"].name == "torch.autograd.grad" else "backward()"
+        message = ("%s. %s %s \"element 0 of tensors does not require grad and does not have a grad_fn\". "
                    "Setting `%s.requires_grad = True` would hide the error and train nothing: the chain to the "
-                   "parameters is still cut." % (what, "raised" if facts["backward"].error else "will raise", tensor))
-        fix = cut_fix(cut, facts["why"])
+                   "parameters is still cut." % (what, call, "raised" if facts["backward"].error else "will raise",
+                                                 tensor))
+        fix = cut_fix(cut, facts["why"], facts)
     return Words(message, fix, tensor)
 
 
@@ -182,7 +207,30 @@ def why_cut(facts) -> str:
         return "from data alone"
     if why == "switched":
         return _why_switched_off(facts["switch"], facts["why_op"])
+    if why == "decorated":
+        decorator, met = facts["decorator"], facts["why_op"]
+        return ("`%s` on `%s()` switches gradient recording off for every call of it, and %s (`%s`) ran inside "
+                "such a call: `%s` there recorded no graph" % (decorator.source, decorator.function, line_ref(met),
+                                                               met.location.source, met.name))
+    if why == "no-graph":
+        derivative, asked = facts["why_op"], facts.get("create_graph")
+        if asked is False:
+            return ("`%s` on %s took a derivative without `create_graph=True`, so what it returned has no graph: "
+                    "nothing computed from it can be differentiated again" % (derivative.name, line_ref(derivative)))
+        if asked:
+            return ("the derivative that `%s` on %s returned does not depend on anything that requires grad (what "
+                    "it differentiated is linear in its inputs), so it is a constant without a graph, even with "
+                    "create_graph=True" % (derivative.name, line_ref(derivative)))
+        return ("the derivative that `%s` on %s returned has no graph: it was taken without `create_graph=True`, "
+                "or it is a constant" % (derivative.name, line_ref(derivative)))
     return _why_op_cut(facts["why_op"])
+
+
+def where_at(op: OpRecord, at) -> str:
+    """`where(op)`, or the line `at` (a Location) where the finding names another line than its op's."""
+    if at is None:
+        return where(op)
+    return "Line %d (`%s`)" % (at.line, at.source) if at.source else "Line %d" % at.line
 
 
 def _reads_only_the_layout(op: OpRecord) -> bool:
@@ -276,7 +324,62 @@ def _find_cut(trace: TraceData, root: int, before: int):
         # reward or a teacher run under no_grad); of those, the last.
         cut = max(cuts, key=lambda op: (_drops_a_graph(trace, op), op.index))
         return cut, "op"
+    # A derivative (autograd.grad, whose results the walk does not go through) that came back without a
+    # graph while what it differentiated had one: the chain ends there.
+    derivative = [op for op in trace.ops[:before] if op.is_backward and op.error is None and
+                  any(t in found and not _requires(trace, t) for t in op.outputs) and
+                  any(_requires(trace, t) for t in op.inputs)]
+    if derivative:
+        return derivative[-1], "no-graph"
     return None, "data"
+
+
+def _requires(trace: TraceData, tid: int) -> bool:
+    info = trace.tensors.get(tid)
+    return info is not None and info.first_requires_grad
+
+
+def _asked_for_graph(trace: TraceData, source, op: OpRecord) -> Optional[bool]:
+    """Whether the derivative `op` (autograd.grad, backward) was asked to record a graph: False where
+    its graph was not kept (retain_graph defaults to create_graph); else what its call says for
+    `create_graph` (None where the call cannot be read)."""
+    cp = next((cp for cp in trace.checkpoints if cp.kind == "backward" and cp.op_index == op.index), None)
+    if cp is not None and not cp.retain:
+        return False
+    call = _the_call(source, op)
+    if call is None:
+        return None
+    given = next((k.value for k in call.keywords if k.arg == "create_graph"), None)
+    if given is None:
+        return False if not any(k.arg is None for k in call.keywords) else None
+    return given.value if isinstance(given, ast.Constant) and isinstance(given.value, bool) else None
+
+
+def _with_graph(trace: TraceData, source, op: OpRecord):
+    """(first line, last line, the statement) of op's statement with `create_graph=True` in its call
+    of the derivative, or None."""
+    if op.location is None or source is None:
+        return None
+    tree = parse_fresh(source.text(op.location))
+    call = _the_call(source, op, tree)
+    if call is None or len(tree.body) != 1:
+        return None
+    call.keywords = [k for k in call.keywords if k.arg != "create_graph"] + [
+        ast.keyword(arg="create_graph", value=ast.Constant(True))]
+    first = source.index.first_line(op.location)
+    span = source.index.facts(op.location.filename).spans.get(op.location.line)
+    return first, span[1] if span else first, ast.unparse(tree)
+
+
+def _the_call(source, op: OpRecord, tree=None) -> Optional[ast.Call]:
+    """The one call of `torch.autograd.grad` / `.backward` in op's statement, as written."""
+    if op.location is None or source is None:
+        return None
+    tree = tree if tree is not None else parse_statement(source.text(op.location))
+    short = op.name.rpartition(".")[2]
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, (ast.Attribute, ast.Name))
+             and (n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id) == short] if tree else []
+    return calls[0] if len(calls) == 1 else None
 
 
 def _drops_a_graph(trace: TraceData, cut: OpRecord) -> bool:
@@ -314,10 +417,30 @@ def _why_op_cut(op: OpRecord) -> str:
     return "`%s` is not differentiable (its result never requires grad)" % op.name
 
 
-def cut_fix(op: Optional[OpRecord], why: str) -> str:
-    """The fix for a cut at `op`; `why` as in a finding's facts."""
+def cut_fix(op: Optional[OpRecord], why: str, facts=None) -> str:
+    """The fix for a cut at `op`; `why` (and, for some, the rest of the facts) as in a finding's facts."""
     src = op.location.source if op is not None and op.location else ""
     short = op.name.rpartition(".")[2] if op is not None else ""
+    facts = facts or {}
+    if why == "decorated":
+        decorator = facts["decorator"]
+        return ("%s `%s` switches recording off for every call of `%s()`, the training call included: take it off "
+                "and switch recording off where the function is evaluated (`with torch.no_grad():` around that "
+                "call), or keep a version of the function without it for training." % (
+                    NO_ONE_LINE_FIX, decorator.source, decorator.function))
+    if why == "no-graph":
+        rewritten = facts.get("with_graph")
+        if facts.get("create_graph") is False and rewritten is not None:
+            first, last, block = rewritten
+            head = REPLACE if first == last else REPLACE_LINES % (first, last, facts["file"])
+            return ("Ask for the derivative's graph, so that what is computed from it can be differentiated. %s\n%s"
+                    % (head, code(block)))
+        if facts.get("create_graph"):
+            return ("%s the derivative is a constant, so its own derivative is zero: check `.requires_grad` of what "
+                    "`%s` returned before differentiating it again, and use zeros where it is False." % (
+                        NO_ONE_LINE_FIX, op.name))
+        return ("%s pass `create_graph=True` to `%s` where a derivative of its result is taken later; if it was "
+                "given, the derivative is a constant and its own derivative is zero." % (NO_ONE_LINE_FIX, op.name))
     if why == "frozen":
         return ("%s unfreeze the parameters you want to train (`requires_grad_(True)` on each), or compute the "
                 "loss from a model that has trainable parameters." % NO_ONE_LINE_FIX)
