@@ -12,11 +12,13 @@ import sysconfig
 import torch
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-# Installed libraries (transformers, timm, ...): an op inside them is named at the user's line that
-# called into them, as an op inside torch is.
+# Installed libraries (transformers, timm, ...) and Python's own (copy.deepcopy, contextlib,
+# functools): an op inside them is named at the user's line that called into them, as an op inside
+# torch is.
 _LIBRARY_DIRS = tuple(sorted({os.path.join(p, "") for p in
                               [*site.getsitepackages(), sysconfig.get_paths()["purelib"],
-                               sysconfig.get_paths()["platlib"]] if p}))
+                               sysconfig.get_paths()["platlib"], sysconfig.get_paths()["stdlib"],
+                               sysconfig.get_paths()["platstdlib"]] if p}))
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _CAPTURE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # The frames of the tool that a user's traceback or debugger must not show: the capture's, and the

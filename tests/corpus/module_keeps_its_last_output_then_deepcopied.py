@@ -31,4 +31,4 @@ class test(nn.Module):
 model = test()
 input = torch.Tensor(1, 1, 8, 8).uniform_()
 output = model(input)
-copyModel = deepcopy(model)
+copyModel = deepcopy(model)  # @saved

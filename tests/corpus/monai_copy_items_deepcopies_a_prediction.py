@@ -16,7 +16,7 @@ class CopyItemsd:
     def __call__(self, data):
         d = dict(data)
         for key, new_key in zip(self.keys * self.times, self.names):
-            d[new_key] = copy.deepcopy(d[key])
+            d[new_key] = copy.deepcopy(d[key])  # @saved
         return d
 
 

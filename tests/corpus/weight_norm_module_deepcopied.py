@@ -12,4 +12,4 @@ import torch.nn as nn
 
 warnings.filterwarnings("ignore", "`torch.nn.utils.weight_norm` is deprecated")
 net = nn.Sequential(nn.utils.weight_norm(nn.Linear(2, 3)), nn.Linear(3, 10))  # @culprit
-net2 = deepcopy(net)
+net2 = deepcopy(net)  # @saved
