@@ -228,6 +228,7 @@ def _tensors(recorder, trace, frozen):
                           created_by=created_by, base=base, data_alias_of=alias_of,
                           first_requires_grad=bool(requires_grad), owner=frozen.param_owner.get(t_id),
                           optimized=t_id in steps.optimized, is_parameter=t_id in table.parameters,
+                          is_buffer=t_id in frozen.buffers,
                           stepped_with_grad=t_id in steps.stepped_with_grad, nonfinite_after=frozen.nonfinite.get(t_id),
                           grad_norms=frozen.grad_norms.get(t_id, []), norm=frozen.leaf_norms.get(t_id))
         if t_id in live:

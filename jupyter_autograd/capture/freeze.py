@@ -38,6 +38,7 @@ class Frozen:
     nonfinite: Dict[int, int] = field(default_factory=dict)   # tid -> first backward leaving its grad non-finite
     grad_norms: Dict[int, list] = field(default_factory=dict)  # tid -> [(backward op index, norm)]
     leaf_norms: Dict[int, float] = field(default_factory=dict)  # tid -> its own norm at the end of the block
+    buffers: set = field(default_factory=set)                 # tids of the buffers of the models called
     roots_finite: Dict[int, bool] = field(default_factory=dict)  # checked backward op index -> its roots were finite
 
 
@@ -104,6 +105,7 @@ def freeze(recorder, namespaces: Iterable[dict]) -> Frozen:
         try:
             for t_id, dotted in _module_buffers(calls, tensors, module_names, trees).items():
                 names.setdefault(t_id, dotted)
+                frozen.buffers.add(t_id)
         except Exception as exc:
             recorder.lose("listing the buffers of the models called", exc, "buffers are described instead of named")
         module_dotted = {}

@@ -55,6 +55,7 @@ class TensorInfo:
     owner: Optional[str] = None          # for a parameter: the outermost module called in the block that holds it
     optimized: bool = False              # a parameter of an optimizer that stepped in the block
     is_parameter: bool = False           # an nn.Parameter
+    is_buffer: bool = False              # a buffer of a module called in the block (its name: the dotted path)
     stepped_with_grad: bool = False      # ... and that step found a gradient in its `.grad`
     nonfinite_after: Optional[int] = None  # the first backward call after which its gradient held NaN/Inf
     elements: Optional[int] = None       # elements it holds at the end of the block, if alive (0: sharded away)

@@ -322,13 +322,24 @@ def names_at_culprits(trace: TraceData, alignment: Alignment, claims) -> Dict[in
         if tid is None or tid not in trace.tensors or tid in renamed:
             continue
         info = trace.tensors[tid]
-        if info.is_parameter:
+        if info.is_parameter:  # a parameter goes by its dotted path
             continue
         name = spelled(trace, alignment, op, tid)
         if name is None or name == info.name:
             continue
+        if info.is_buffer and name.isidentifier():
+            continue  # a module's buffer by a loop's name for it (`for buf in bn.buffers()`): its path says more
+        if info.by_variable and _indexed_by_a_variable(name):
+            continue  # `xs[i]` says less than the variable of the user's that holds it
         renamed[tid] = name
     return renamed
+
+
+def _indexed_by_a_variable(expression: str) -> bool:
+    """Whether an expression picks its tensor by an index that is not written out (`xs[i]`, `d[key]`)."""
+    tree = parse_statement(expression)
+    return tree is not None and any(isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Constant)
+                                    for node in ast.walk(tree))
 
 
 def spelled(trace: TraceData, alignment: Alignment, op: OpRecord, tid: int) -> Optional[str]:
