@@ -14,7 +14,7 @@ from ..model import (DATA_SWAP, FREEZE_SETTER, Checkpoint, GraphNode, Location, 
 from ..source.alignment import Alignment
 from ..source.naming import assignment_targets
 from ..source.index import without_comment
-from . import distributed
+from . import compiled, distributed
 from . import graph as graph_snapshot
 from .backward import BACKWARD_FUNCS
 from .frames import call_columns, call_span
@@ -139,6 +139,8 @@ def build_trace(recorder, frozen, error: Optional[str] = None, error_at=None):
                      "is not named by the line that called it", _calls, frozen.user_calls, trace):
             trace.calls = []
         _graph(recorder, trace)
+        _part(trace, "reading the graphs of compiled functions", "their cuts are not shown in the graph",
+              compiled.build_calls, recorder, trace)
         if not _part(trace, "naming the tensors", "tensors are described instead of named", _names, trace, source,
                      frozen.names, frozen.variables):
             for info in trace.tensors.values():
