@@ -139,8 +139,6 @@ def build_trace(recorder, frozen, error: Optional[str] = None, error_at=None):
                      "is not named by the line that called it", _calls, frozen.user_calls, trace):
             trace.calls = []
         _graph(recorder, trace)
-        _part(trace, "reading the graphs of compiled functions", "their cuts are not shown in the graph",
-              compiled.build_calls, recorder, trace)
         if not _part(trace, "naming the tensors", "tensors are described instead of named", _names, trace, source,
                      frozen.names, frozen.variables):
             for info in trace.tensors.values():
@@ -153,6 +151,8 @@ def build_trace(recorder, frozen, error: Optional[str] = None, error_at=None):
         if recorder.backward.nan_origin is not None:
             backward, key, name, facts = recorder.backward.nan_origin
             trace.nan_origin = {"backward": backward, "node": key, "name": name, "facts": facts}
+        _part(trace, "reading the calls of compiled functions", "their cuts and NaN gradients are named at the "
+              "line that called them", compiled.build_calls, recorder, trace)
         return trace, source
     finally:
         if enabled:

@@ -23,14 +23,14 @@ import torch
 
 from ..model import CompiledCall
 from ..model.queries import reachable
-from .compiled_graph import region_of, running_graph
+from .compiled_graph import is_compiled_function, region_of, running_graph
+from .compiled_nan import KEEP, NanReplays, RegionInputs, replayable
 from .records import OP_CODE, OP_ERR, OP_FUNC, OP_GRAD, OP_IN, OP_LINE, OP_OUT, OP_SEQ, OP_VA, OP_VB, OP_WR
 from .state import State, thread_state
 from .tensors import DEAD, META_CREATED
 
 _Tensor = torch.Tensor
 _Module = torch.nn.Module
-_AOT_MODULE = "torch._functorch._aot_autograd.runtime_wrappers"
 _original_apply = torch.autograd.function.Function.__dict__["apply"]
 NOT_HANDLED = object()
 _UNKNOWN = object()
@@ -38,26 +38,51 @@ _regions = weakref.WeakKeyDictionary()  # CompiledFunction class -> its Region, 
 
 
 class CompiledRegions:
-    """The calls of compiled regions recorded as their ops: (first op, end op, the compiled
-    function's name, the grad_fn sequence numbers its apply made or None, the positions among its
-    tensor arguments of those whose gradient the region cuts), in call order."""
+    """The calls of compiled regions recorded as their ops: (first op, end op, the Region (plain
+    data), the grad_fn sequence numbers its apply made or None, the positions among its
+    tensor arguments of those whose gradient the region cuts), in call order. With check_nan, the
+    hooks on the regions' nodes of the backward call running (compiled_nan.py), and the line inside
+    a region where the first NaN/Inf was made: (node key, graph node, autograd node name, facts)."""
 
-    __slots__ = ("calls",)
+    __slots__ = ("calls", "replays", "nan_place", "remembered")
 
     def __init__(self, calls=()):
         self.calls = list(calls)
+        self.replays = None
+        self.nan_place = None
+        self.remembered = {}  # with check_nan: node key -> RegionInputs of the call that made it
 
-    def add(self, first, end, name, seq, cut):
-        self.calls.append((first, end, name, seq, cut))
+    def add(self, first, end, region, seq, cut):
+        self.calls.append((first, end, region, seq, cut))
+
+    def remember(self, seq, entry):
+        remembered = self.remembered
+        for key in range(seq[0], seq[1]):
+            remembered[key] = entry
+        while len(remembered) > KEEP:
+            del remembered[next(iter(remembered))]
+
+    def watch_nan(self, nodes, fail, backward_index):
+        """Before a backward call that the NaN watch follows: hooks on the regions' nodes it will run."""
+        if self.remembered and any(type(fn).__name__ == "CompiledFunctionBackward" for fn in nodes):
+            self.replays = NanReplays(fail, backward_index)
+            self.replays.attach(nodes, self.remembered)
+
+    def unwatch_nan(self, origin):
+        """The call is over; `origin`, the NaN watch's (backward, node key, ...), or None."""
+        replays, self.replays = self.replays, None
+        if replays is None:
+            return
+        replays.detach()
+        place = replays.found.get(origin[1]) if origin is not None else None
+        if place is not None and self.nan_place is None:
+            self.nan_place = (origin[1],) + tuple(place)
 
     def shifted(self, start):
         """As a capture nested in this block sees it, whose op indices start again at 0 at op `start`."""
-        return CompiledRegions((a - start, b - start) + rest for a, b, *rest in self.calls if a >= start)
-
-
-def is_compiled_function(cls) -> bool:
-    """The autograd Function AOTAutograd makes for a compiled graph."""
-    return cls.__name__ == "CompiledFunction" and cls.__module__ == _AOT_MODULE
+        part = CompiledRegions((a - start, b - start) + tuple(rest) for a, b, *rest in self.calls if a >= start)
+        part.nan_place = self.nan_place
+        return part
 
 
 def apply_paused(cls, *args):
@@ -109,6 +134,8 @@ def _read_region(recorder, cls, n_args):
             region = region_of(*found)
             if region is not None and len(cls.metadata.output_info) != len(region.outputs):
                 region = None
+            if region is not None and replayable(found[0]):
+                region.graph = weakref.ref(found[0])
     except Exception as exc:
         recorder.lose("reading the graph of a compiled function", exc,
                       "its ops are shown as one call at the line that called it")
@@ -185,6 +212,9 @@ def _replace(recorder, region, cls, first, last_write, args, result):
         if table.meta[t_id][META_CREATED] == first and t_id not in real_out.values():
             table.meta[t_id] = table.meta[t_id][:META_CREATED] + (first + leftover,) + \
                 table.meta[t_id][META_CREATED + 1:]
+    graph = region.graph() if region.graph is not None else None
+    if recorder.check_nan and graph is not None and rec[OP_SEQ] is not None:
+        recorder.compiled.remember(rec[OP_SEQ], RegionInputs(graph, args, cls.metadata.num_mutated_inp_runtime_indices))
     positions = [i for i, a in enumerate(args) if isinstance(a, _Tensor)]
     cut = tuple(n for n, i in enumerate(positions) if i in region.no_grad)
     _commit(recorder, region, first, last_write, rec, rows, plans, cut)
@@ -211,7 +241,7 @@ def _commit(recorder, region, first, last_write, rec, rows, plans, cut):
         if path:
             modules.op_modules[index] = path
         recorder.add_op(func, code, line, inputs, before, after, outputs, seq, writes, grad, None)
-    recorder.compiled.add(first, len(ops), region.name, rec[OP_SEQ], cut)
+    recorder.compiled.add(first, len(ops), region, rec[OP_SEQ], cut)
 
 
 def _outputs(region, cls, result, out_tids):
@@ -274,8 +304,8 @@ def build_calls(recorder, trace):
     some of them (their `.grad` stays None, as without torch.compile). Those edges are dropped,
     and a leaf reached by a backward only through them is not counted as reached by it."""
     dropped = set()
-    for first, end, name, seq, cut in recorder.compiled.calls:
-        trace.compiled.append(CompiledCall(name, first, end))
+    for first, end, region, seq, cut in recorder.compiled.calls:
+        trace.compiled.append(CompiledCall(region.name, first, end))
         if seq is None or not cut:
             continue
         for key in range(seq[0], seq[1]):
@@ -287,6 +317,7 @@ def build_calls(recorder, trace):
             if drop:
                 node.inputs = [k for k in node.inputs if k not in drop]
                 dropped |= drop
+    _nan_op(recorder, trace)
     if not dropped:
         return
     # A leaf no edge leads to any more is not in the graph that backward runs (nor drawn in it).
@@ -306,3 +337,19 @@ def build_calls(recorder, trace):
         for key, node in trace.nodes.items():
             if key < 0 and cp.op_index in node.consumed_by and key not in reached:
                 node.consumed_by.remove(cp.op_index)
+
+
+def _nan_op(recorder, trace):
+    """With check_nan, where a region's node made the first NaN/Inf: the op of the graph node whose
+    backward made it in the replay (trace.nan_origin["op"]), and the node plain PyTorch would have
+    run there, with what it saved."""
+    found, origin = recorder.compiled.nan_place, trace.nan_origin
+    if found is None or origin is None or origin["node"] != found[0]:
+        return
+    key, graph_node, name, facts = found
+    for first, end, region, seq, _ in recorder.compiled.calls:
+        if seq is not None and seq[0] <= key < seq[1]:
+            at = [i for i, node in enumerate(region.nodes) if node.name == graph_node]
+            if at and first + at[0] < end:
+                origin.update(op=first + at[0], name=name, facts=facts)
+            return

@@ -25,6 +25,7 @@ import torch
 from .frames import USER, frame_kind
 
 _Tensor = torch.Tensor
+_AOT_MODULE = "torch._functorch._aot_autograd.runtime_wrappers"
 _STACK_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _SET_GRAD = torch._C._set_grad_enabled
 _RESUME = "torch_dynamo_resume_in_"  # Dynamo's name for the code that continues after a graph break
@@ -41,16 +42,31 @@ _OPERATORS = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", ope
               operator.imatmul: "matmul"}
 
 
+def is_compiled_function(cls) -> bool:
+    """The autograd Function AOTAutograd makes for a compiled graph."""
+    return cls.__name__ == "CompiledFunction" and cls.__module__ == _AOT_MODULE
+
+
+def user_frame(stack_trace):
+    """(filename, line, function) of the innermost frame of the user's code in an FX node's stack
+    trace (outermost first), or None."""
+    found = None
+    for filename, line, function in _STACK_FRAME.findall(stack_trace or ""):
+        if frame_kind(filename) == USER:
+            found = (filename, int(line), function)
+    return found
+
+
 class Node:
-    """One op of the region: what stands for its function in an op record (a torch function, or a
+    """One op of the region: its FX node's name, what stands for its function in an op record (a torch function, or a
     Tensor method), the user's (code, line), the value slots it reads and makes, the grad mode a
     switch sets (else None), whether it writes its first input, and the modules it ran in (each
     as the attribute path from the region's module, or from a global)."""
 
-    __slots__ = ("func", "code", "line", "inputs", "outputs", "switch", "writes", "modules")
+    __slots__ = ("name", "func", "code", "line", "inputs", "outputs", "switch", "writes", "modules")
 
-    def __init__(self, func, code, line, inputs, outputs, switch, writes, modules):
-        self.func, self.code, self.line = func, code, line
+    def __init__(self, name, func, code, line, inputs, outputs, switch, writes, modules):
+        self.name, self.func, self.code, self.line = name, func, code, line
         self.inputs, self.outputs, self.switch, self.writes, self.modules = inputs, outputs, switch, writes, modules
 
 
@@ -62,7 +78,7 @@ class Region:
     (the last that makes an output); `no_grad`: the inputs that require grad but reach no output
     through values that do (a cut inside the region), whose gradient is None after backward."""
 
-    __slots__ = ("name", "code", "module", "n_inputs", "values", "nodes", "outputs", "owner", "no_grad")
+    __slots__ = ("name", "code", "module", "n_inputs", "values", "nodes", "outputs", "owner", "no_grad", "graph")
 
     def __init__(self, name, code, module):
         self.name, self.code, self.module = name, code, module  # module: the `__name__` of its globals
@@ -72,6 +88,7 @@ class Region:
         self.outputs = ()
         self.owner = None
         self.no_grad = frozenset()
+        self.graph = None  # a weak reference to Dynamo's graph, where a NaN can be looked for in it again
 
     def globals_of(self):
         """The globals of the compiled function, where its module is imported (a notebook's is
@@ -212,7 +229,7 @@ def region_of(gm, original, module) -> Optional[Region]:
         if func is None or (not inputs and not made and switch is None):
             continue  # bookkeeping with no tensor (sizes, autocast's state): no op of the user's
         code, line = places.of(node.meta.get("stack_trace"))
-        region.nodes.append(Node(func, code, line, inputs, tuple(made), switch, writes and bool(inputs),
+        region.nodes.append(Node(node.name, func, code, line, inputs, tuple(made), switch, writes and bool(inputs),
                                  _module_paths(node.meta.get("nn_module_stack"))))
     outputs = {s for s in region.outputs if s is not None and s >= n_inputs}
     region.owner = next((i for i in range(len(region.nodes) - 1, -1, -1)
@@ -349,12 +366,7 @@ class _Places:
                 self._index(const)
 
     def of(self, stack_trace):
-        if not stack_trace:
-            return None, 0
-        found = None
-        for filename, line, function in _STACK_FRAME.findall(stack_trace):
-            if frame_kind(filename) == USER:
-                found = (filename, int(line), function)
+        found = user_frame(stack_trace)
         if found is None:
             return None, 0
         filename, line, function = found

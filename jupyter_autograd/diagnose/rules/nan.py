@@ -41,6 +41,8 @@ def nan_gradient(trace: TraceData, source) -> List[Finding]:
         key = origin["node"]
         node = trace.nodes.get(key)
         op = trace.ops[node.created_by] if node is not None and node.created_by is not None else None
+        if origin.get("op") is not None:  # a compiled region's node: the line inside it that made the NaN
+            op = trace.ops[origin["op"]]
         backward = trace.ops[origin["backward"]] if origin["backward"] < len(trace.ops) else None
         made = op.outputs[0] if op is not None and op.outputs else None
         return [Finding("nan-gradient", "nan-at-node", op=op, saved=backward, subject=made,
