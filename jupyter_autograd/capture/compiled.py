@@ -40,20 +40,24 @@ _regions = weakref.WeakKeyDictionary()  # CompiledFunction class -> its Region, 
 class CompiledRegions:
     """The calls of compiled regions recorded as their ops: (first op, end op, the Region (plain
     data), the grad_fn sequence numbers its apply made or None, the positions among its
-    tensor arguments of those whose gradient the region cuts), in call order. With check_nan, the
+    tensor arguments of those whose gradient the region cuts, how many modules were running at
+    the call), in call order. With check_nan, the
     hooks on the regions' nodes of the backward call running (compiled_nan.py), and the line inside
     a region where the first NaN/Inf was made: (node key, graph node, autograd node name, facts)."""
 
-    __slots__ = ("calls", "replays", "nan_place", "remembered")
+    __slots__ = ("calls", "replays", "nan_place", "remembered", "mutations")
 
     def __init__(self, calls=()):
         self.calls = list(calls)
+        # An input the region writes in place is written after it, by AOTAutograd's `inp.copy_(new)`
+        # at the calling line: tid of the new value -> (tid of the input, the op of the write inside)
+        self.mutations = {}
         self.replays = None
         self.nan_place = None
         self.remembered = {}  # with check_nan: node key -> RegionInputs of the call that made it
 
-    def add(self, first, end, region, seq, cut):
-        self.calls.append((first, end, region, seq, cut))
+    def add(self, first, end, region, seq, cut, depth):
+        self.calls.append((first, end, region, seq, cut, depth))
 
     def remember(self, seq, entry):
         remembered = self.remembered
@@ -82,6 +86,7 @@ class CompiledRegions:
         """As a capture nested in this block sees it, whose op indices start again at 0 at op `start`."""
         part = CompiledRegions((a - start, b - start) + tuple(rest) for a, b, *rest in self.calls if a >= start)
         part.nan_place = self.nan_place
+        part.mutations = {new: (inp, at - start) for new, (inp, at) in self.mutations.items() if at >= start}
         return part
 
 
@@ -150,10 +155,11 @@ def _replace(recorder, region, cls, first, last_write, args, result):
     call_code, call_line, grad = rec[OP_CODE], rec[OP_LINE], rec[OP_GRAD]
     in_tids = iter(zip(rec[OP_IN], rec[OP_VB], rec[OP_VA]))
     slot_tid, version = {}, {}  # value slot -> tid; tid -> (version before, version after) of a real input
+    arg_tids = {}  # argument position -> tid
     for i, a in enumerate(args):
         if isinstance(a, _Tensor):
             t_id, before, after = next(in_tids)
-            slot_tid[i] = t_id
+            slot_tid[i] = arg_tids[i] = t_id
             version[t_id] = (before, after)
     written = {w[0]: w for w in rec[OP_WR] or ()}
     real_out = _outputs(region, cls, result, rec[OP_OUT])
@@ -212,15 +218,36 @@ def _replace(recorder, region, cls, first, last_write, args, result):
         if table.meta[t_id][META_CREATED] == first and t_id not in real_out.values():
             table.meta[t_id] = table.meta[t_id][:META_CREATED] + (first + leftover,) + \
                 table.meta[t_id][META_CREATED + 1:]
+    _note_mutations(recorder, region, cls, first, arg_tids, result, rec, version)
     graph = region.graph() if region.graph is not None else None
     if recorder.check_nan and graph is not None and rec[OP_SEQ] is not None:
         recorder.compiled.remember(rec[OP_SEQ], RegionInputs(graph, args, cls.metadata.num_mutated_inp_runtime_indices))
     positions = [i for i, a in enumerate(args) if isinstance(a, _Tensor)]
     cut = tuple(n for n, i in enumerate(positions) if i in region.no_grad)
-    _commit(recorder, region, first, last_write, rec, rows, plans, cut)
+    _commit(recorder, region, first, last_write, rec, rows, plans, cut, base)
 
 
-def _commit(recorder, region, first, last_write, rec, rows, plans, cut):
+def _note_mutations(recorder, region, cls, first, arg_tids, result, rec, version):
+    """The inputs the region writes in place and AOTAutograd writes back after it (their versions
+    did not move inside): each new value (the first results of the apply), with the op inside that
+    wrote it."""
+    mutated = getattr(cls.metadata, "mutated_inp_runtime_indices", ())
+    if not mutated:
+        return
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    tids = dict(zip([i for i, r in enumerate(results) if isinstance(r, _Tensor)], rec[OP_OUT]))
+    for k, at in enumerate(mutated):
+        if k not in tids or at not in arg_tids:
+            continue
+        inp = arg_tids[at]
+        if version[inp][0] != version[inp][1]:
+            continue  # written inside the apply: its op already says so
+        writer = [i for i, node in enumerate(region.nodes) if node.writes and node.inputs and node.inputs[0] == at]
+        if writer:
+            recorder.compiled.mutations[tids[k]] = (inp, first + writer[-1])
+
+
+def _commit(recorder, region, first, last_write, rec, rows, plans, cut, base):
     ops, table, modules = recorder.ops, recorder.tensors, recorder.modules
     ops.pop()
     modules.op_modules.pop(first, None)
@@ -241,7 +268,7 @@ def _commit(recorder, region, first, last_write, rec, rows, plans, cut):
         if path:
             modules.op_modules[index] = path
         recorder.add_op(func, code, line, inputs, before, after, outputs, seq, writes, grad, None)
-    recorder.compiled.add(first, len(ops), region, rec[OP_SEQ], cut)
+    recorder.compiled.add(first, len(ops), region, rec[OP_SEQ], cut, len(base))
 
 
 def _outputs(region, cls, result, out_tids):
@@ -304,8 +331,8 @@ def build_calls(recorder, trace):
     some of them (their `.grad` stays None, as without torch.compile). Those edges are dropped,
     and a leaf reached by a backward only through them is not counted as reached by it."""
     dropped = set()
-    for first, end, region, seq, cut in recorder.compiled.calls:
-        trace.compiled.append(CompiledCall(region.name, first, end))
+    for first, end, region, seq, cut, depth in recorder.compiled.calls:
+        trace.compiled.append(CompiledCall(region.name, first, end, depth))
         if seq is None or not cut:
             continue
         for key in range(seq[0], seq[1]):
@@ -318,6 +345,7 @@ def build_calls(recorder, trace):
                 node.inputs = [k for k in node.inputs if k not in drop]
                 dropped |= drop
     _nan_op(recorder, trace)
+    _writes_back(recorder, trace)
     if not dropped:
         return
     # A leaf no edge leads to any more is not in the graph that backward runs (nor drawn in it).
@@ -347,9 +375,23 @@ def _nan_op(recorder, trace):
     if found is None or origin is None or origin["node"] != found[0]:
         return
     key, graph_node, name, facts = found
-    for first, end, region, seq, _ in recorder.compiled.calls:
+    for first, end, region, seq, _, _ in recorder.compiled.calls:
         if seq is not None and seq[0] <= key < seq[1]:
             at = [i for i, node in enumerate(region.nodes) if node.name == graph_node]
             if at and first + at[0] < end:
                 origin.update(op=first + at[0], name=name, facts=facts)
             return
+
+
+def _writes_back(recorder, trace):
+    """AOTAutograd's write-back of an input the region wrote in place (`inp.copy_(new)`, recorded at
+    the calling line) is the write inside: it takes that op's line, name and modules."""
+    mutations = dict(recorder.compiled.mutations)
+    if not mutations:
+        return
+    for op in trace.ops:
+        if op.name == "Tensor.copy_" and len(op.inputs) >= 2 and op.inputs[1] in mutations:
+            inp, at = mutations.pop(op.inputs[1])
+            if op.inputs[0] == inp and at < op.index:
+                inside = trace.ops[at]
+                op.location, op.name, op.module = inside.location, inside.name, inside.module

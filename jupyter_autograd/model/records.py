@@ -108,6 +108,7 @@ class CompiledCall:
     name: str                            # the compiled function's name (`f`, `Model.forward`)
     first_op: int                        # index of its first op
     end_op: int                          # one past its last op
+    depth: int = 0                       # how many modules of its ops' paths were running at the call
 
 
 @dataclass(slots=True)
