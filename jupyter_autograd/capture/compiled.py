@@ -39,11 +39,11 @@ _regions = weakref.WeakKeyDictionary()  # CompiledFunction class -> its Region, 
 
 class CompiledRegions:
     """The calls of compiled regions recorded as their ops: (first op, end op, the Region (plain
-    data), the grad_fn sequence numbers its apply made or None, the positions among its
-    tensor arguments of those whose gradient the region cuts, how many modules were running at
-    the call), in call order. With check_nan, the
-    hooks on the regions' nodes of the backward call running (compiled_nan.py), and the line inside
-    a region where the first NaN/Inf was made: (node key, graph node, autograd node name, facts)."""
+    data), the grad_fn sequence numbers its apply made or None, the positions among its tensor
+    arguments of those whose gradient the region cuts, how many modules were running at the
+    call), in call order. With check_nan: the hooks on the regions' nodes of the backward call
+    running (compiled_nan.py), and where inside a region the first NaN/Inf was made (node key,
+    graph node, the autograd node plain PyTorch runs there, facts)."""
 
     __slots__ = ("calls", "replays", "nan_place", "remembered", "mutations")
 
