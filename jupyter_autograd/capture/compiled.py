@@ -25,6 +25,7 @@ from ..model import CompiledCall
 from ..model.queries import reachable
 from .compiled_graph import is_compiled_function, region_of, running_graph
 from .compiled_nan import KEEP, NanReplays, RegionInputs, replayable
+from .frames import USER, frame_kind
 from .records import OP_CODE, OP_ERR, OP_FUNC, OP_GRAD, OP_IN, OP_LINE, OP_OUT, OP_SEQ, OP_VA, OP_VB, OP_WR
 from .state import State, thread_state
 from .tensors import DEAD, META_CREATED
@@ -41,7 +42,7 @@ class CompiledRegions:
     """The calls of compiled regions recorded as their ops: (first op, end op, the Region (plain
     data), the grad_fn sequence numbers its apply made or None, the positions among its tensor
     arguments of those whose gradient the region cuts, how many modules were running at the
-    call), in call order. With check_nan: the hooks on the regions' nodes of the backward call
+    call, the name of what was compiled), in call order. With check_nan: the hooks on the regions' nodes of the backward call
     running (compiled_nan.py), and where inside a region the first NaN/Inf was made (node key,
     graph node, the autograd node plain PyTorch runs there, facts)."""
 
@@ -56,8 +57,8 @@ class CompiledRegions:
         self.nan_place = None
         self.remembered = {}  # with check_nan: node key -> RegionInputs of the call that made it
 
-    def add(self, first, end, region, seq, cut, depth):
-        self.calls.append((first, end, region, seq, cut, depth))
+    def add(self, first, end, region, seq, cut, depth, name):
+        self.calls.append((first, end, region, seq, cut, depth, name))
 
     def remember(self, seq, entry):
         remembered = self.remembered
@@ -268,7 +269,7 @@ def _commit(recorder, region, first, last_write, rec, rows, plans, cut, base):
         if path:
             modules.op_modules[index] = path
         recorder.add_op(func, code, line, inputs, before, after, outputs, seq, writes, grad, None)
-    recorder.compiled.add(first, len(ops), region, rec[OP_SEQ], cut, len(base))
+    recorder.compiled.add(first, len(ops), region, rec[OP_SEQ], cut, len(base), _call_name(region, base))
 
 
 def _outputs(region, cls, result, out_tids):
@@ -316,6 +317,16 @@ def _path(base, nested, region):
     return tuple(path) if len(path) != len(base) else base
 
 
+def _call_name(region, base):
+    """The compiled function's name; for a module whose compiled code is torch's (its forward is
+    torch's own, as nn.Sequential's), the module's class."""
+    if frame_kind(region.code.co_filename) == USER or not base:
+        return region.name
+    module = base[-1]
+    inner = module.__dict__.get("_modules", {}).get("_orig_mod")
+    return type(inner if isinstance(inner, _Module) else module).__name__
+
+
 def _global_module(region, name):
     """A module the compiled function reads as a global of its module (read from the module's dict)."""
     globals_ = region.globals_of()
@@ -331,8 +342,8 @@ def build_calls(recorder, trace):
     some of them (their `.grad` stays None, as without torch.compile). Those edges are dropped,
     and a leaf reached by a backward only through them is not counted as reached by it."""
     dropped = set()
-    for first, end, region, seq, cut, depth in recorder.compiled.calls:
-        trace.compiled.append(CompiledCall(region.name, first, end, depth))
+    for first, end, region, seq, cut, depth, name in recorder.compiled.calls:
+        trace.compiled.append(CompiledCall(name, first, end, depth))
         if seq is None or not cut:
             continue
         for key in range(seq[0], seq[1]):
@@ -375,7 +386,7 @@ def _nan_op(recorder, trace):
     if found is None or origin is None or origin["node"] != found[0]:
         return
     key, graph_node, name, facts = found
-    for first, end, region, seq, _, _ in recorder.compiled.calls:
+    for first, end, region, seq, _, _, _ in recorder.compiled.calls:
         if seq is not None and seq[0] <= key < seq[1]:
             at = [i for i, node in enumerate(region.nodes) if node.name == graph_node]
             if at and first + at[0] < end:
