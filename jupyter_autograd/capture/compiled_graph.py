@@ -18,6 +18,7 @@ import linecache
 import operator
 import re
 import sys
+import weakref
 from typing import List, Optional
 
 import torch
@@ -123,7 +124,7 @@ def running_graph(frame, n_args):
     return None
 
 
-_loads = {}  # code -> [(offset, name)] of the loads of Dynamo's compiled graphs
+_loads = weakref.WeakKeyDictionary()  # rewritten code -> [(offset, name)] of its loads of compiled graphs
 
 
 def _called_global(code, lasti):
