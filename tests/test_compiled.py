@@ -19,6 +19,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import jupyter_autograd as ja
+from jupyter_autograd.model import PROBLEM_KINDS
 from jupyter_autograd.render.layout.build import build_scene
 
 from . import scenario_runner as runner
@@ -110,18 +111,24 @@ def _plain(source):
 
 
 class Run:
-    """One program judged by the scenario runner (outcome and gradients the same captured and not,
-    the expected diagnosis at its marked line), with its trace and the graph breaks of its
-    captured run."""
+    """One program run without and under capture(), judged as the scenario runner judges it (the
+    same outcome and gradients, no internal warning, the expected diagnosis at its marked line and
+    nothing of another kind), with its trace and the graph breaks of its captured run."""
 
     def __init__(self, path):
-        self.scenario = runner.load(str(path))
-        self.verdict = runner.judge(self.scenario)  # raises with the reason if the program is misjudged
+        sc = self.scenario = runner.load(str(path))
+        plain_exc, plain_grads, _ = runner.execute(sc.source, sc.path, captured=False)
         counters.clear()
-        _, self.grads, self.trace = runner.execute(self.scenario.source, str(path), captured=True,
-                                                   options=self.scenario.options)
+        exc, self.grads, self.trace = runner.execute(sc.source, sc.path, captured=True, options=sc.options)
         self.graph_breaks = sum(counters["graph_break"].values())
-        [self.finding] = [d for d in self.trace.diagnoses if d.kind == self.scenario.kind]
+        assert exc == plain_exc and runner.close(self.grads, plain_grads), "capture changed the outcome"
+        assert self.trace.warnings == []
+        problems = [d for d in self.trace.diagnoses if d.kind in PROBLEM_KINDS]
+        assert {d.kind for d in problems} == {sc.kind}, [(d.kind, d.line) for d in problems]
+        found = [d for d in problems if d.line == sc.culprit and d.filename == sc.path
+                 and (not sc.saved or d.saved_line in sc.saved) and sc.tensor in (None, d.tensor)]
+        assert len(found) == 1, ("wanted", sc.culprit, sc.tensor, [(d.line, d.saved_line, d.tensor) for d in problems])
+        self.finding = found[0]
 
 
 class Runs(dict):
@@ -159,7 +166,6 @@ def _same_grads(compiled, plain):
 def test_the_compiled_program_is_diagnosed_as_the_plain_one(runs, name):
     compiled, plain = runs[name]
     d, e = compiled.finding, plain.finding
-    assert compiled.verdict.startswith(d.kind)
     assert (d.kind, d.tensor.replace("._orig_mod.", "."), d.source, d.saved_source) == (
         e.kind, e.tensor, e.source, e.saved_source)
     # Named inside the compiled code: the line of one of the ops recorded for a call of the region.
