@@ -51,7 +51,7 @@ def test_every_field_and_property_of_diagnosis():
 
 
 @pytest.mark.parametrize("record", [model.Location, model.OpRecord, model.TensorInfo, model.GraphNode, model.SavedSlot,
-                                    model.Checkpoint, model.ModuleCall, model.DistributedModel],
+                                    model.Checkpoint, model.ModuleCall, model.DistributedModel, model.CompiledCall],
                          ids=lambda r: r.__name__)
 def test_every_field_of_the_records_a_trace_holds(record):
     section = API.split("**`%s`**" % record.__name__, 1)

@@ -58,12 +58,13 @@ class BackwardCalls:
             if recorder.check_nan and self.nan_origin is None:
                 watch = nan_watch.NanWatch(recorder.fail, self.checkpoints[-1].op_index)
                 watch.attach(walked)
+                recorder.compiled.watch_nan(walked, recorder.fail, watch.backward_index)  # lines inside compiled code
             walked = None
             seq = _next_seq()
         except Exception as exc:  # never let the tool break the user's call
             walked = None
             if watch is not None:
-                self._read_watch(watch)
+                self._read_watch(watch, recorder)
             recorder.fail(exc)
             result = func(*args, **kwargs)
             if frees:
@@ -79,7 +80,7 @@ class BackwardCalls:
             raise
         finally:
             if watch is not None:
-                self._read_watch(watch)
+                self._read_watch(watch, recorder)
         try:
             with _hidden_from_subclasses():
                 recorder.record(func, tensors, before, result, None, seq)
@@ -90,8 +91,9 @@ class BackwardCalls:
             self.freeing.add(index)
         return result
 
-    def _read_watch(self, watch):
+    def _read_watch(self, watch, recorder):
         watch.detach()
+        recorder.compiled.unwatch_nan(watch.origin)
         if watch.origin is not None and self.nan_origin is None:
             self.nan_origin = watch.origin
 

@@ -14,7 +14,7 @@ from ..model import (DATA_SWAP, FREEZE_SETTER, Checkpoint, GraphNode, Location, 
 from ..source.alignment import Alignment
 from ..source.naming import assignment_targets
 from ..source.index import without_comment
-from . import distributed
+from . import compiled, distributed
 from . import graph as graph_snapshot
 from .backward import BACKWARD_FUNCS
 from .frames import call_columns, call_span
@@ -154,6 +154,8 @@ def build_trace(recorder, frozen, error: Optional[str] = None, error_at=None):
         if recorder.backward.nan_origin is not None:
             backward, key, name, facts = recorder.backward.nan_origin
             trace.nan_origin = {"backward": backward, "node": key, "name": name, "facts": facts}
+        _part(trace, "reading the calls of compiled functions", "their cuts and NaN gradients are named at the "
+              "line that called them", compiled.build_calls, recorder, trace)
         return trace, source
     finally:
         if enabled:

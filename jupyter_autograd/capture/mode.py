@@ -23,6 +23,7 @@ import torch
 
 from . import lifecycle
 from .backward import BACKWARD_FUNCS, BackwardCalls
+from .compiled import CompiledRegions
 from .distributed import DistributedModels
 from .folding import KEPT_FUNCS, Folding
 from .frames import UserLines, drop_leading_own_frames, place
@@ -85,6 +86,7 @@ class Recorder(RecordingMode):
         self.folding = Folding()
         self.function_calls = FunctionCalls()
         self.distributed = DistributedModels()
+        self.compiled = CompiledRegions()  # calls of torch.compile regions recorded as their graphs' ops
 
     # -- state --------------------------------------------------------------------------------
     def recording(self) -> bool:
@@ -403,6 +405,7 @@ class Recorder(RecordingMode):
         part.graph = self.graph.shifted(start)
         part.folding = self.folding.shifted(start)
         part.function_calls = self.function_calls.shifted(start)
+        part.compiled = self.compiled.shifted(start)
         return part
 
 

@@ -5,6 +5,8 @@ the first block to start installs them, the last to end removes them (lifecycle.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch.nn.modules import module as _nn_module
 from torch.optim import optimizer as _optim_module
@@ -77,11 +79,31 @@ def _has_any_global_hook_but_ours():
     return False
 
 
+def _dynamo_keeps_has_torch_function():
+    """Dynamo folds `has_torch_function` (which Tensor's `**`, `//` and reflected operators call) by a
+    handler it registers, once per process, under the function `torch.overrides.has_torch_function`
+    holds when it first traces. Registered under ours (a compile traced for the first time inside a
+    block), torch's own would be unknown to it for the rest of the process: every such operator
+    would break the user's compiled graphs, inside blocks and after them. So the table is built
+    before ours is put in place, and given torch's function if it was built under ours."""
+    module = sys.modules.get("torch._dynamo.variables.torch")
+    if module is None:  # Dynamo not imported: no table yet
+        return
+    try:
+        handlers = module.TorchInGraphFunctionVariable._get_handlers()
+        handler = handlers.get(_has_torch_function_but_ours)
+        if handler is not None and original_has_torch_function not in handlers:
+            handlers[original_has_torch_function] = handler
+    except Exception:  # another torch: nothing of ours to keep out of its table
+        pass
+
+
 def install_hooks():
     """Install everything, or nothing: if one part cannot be installed, those already installed are
     removed and the error is raised. Callers hold interrupts (see session.capture) while this runs."""
     if hook_users[0] == 0:
         try:
+            _dynamo_keeps_has_torch_function()
             _Function.apply = classmethod(switches.recording_apply)
             _record_function.__exit__ = steps.leaving_profiler_scope
             _inference_mode.__enter__, _inference_mode.__exit__ = (switches.entering_inference_mode,
@@ -131,6 +153,7 @@ def remove_all_hooks():
     try:
         _nn_module._has_any_global_hook = _original_has_any_global_hook
         _overrides.has_torch_function = original_has_torch_function
+        _dynamo_keeps_has_torch_function()
     except BaseException as exc:
         failure = failure or exc
     try:

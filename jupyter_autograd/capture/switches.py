@@ -9,6 +9,8 @@ from array import array
 
 import torch
 
+from .compiled import NOT_HANDLED, is_compiled_function
+from .compiled import run as run_compiled
 from .state import thread_state
 
 _is_compiling = torch.compiler.is_compiling
@@ -57,6 +59,10 @@ def recording_apply(cls, *args, **kwargs):
         recorder.steps.resume_if_failed(recorder)
     if recorder is None or not recorder.recording():
         return bound(*args, **kwargs)
+    if is_compiled_function(cls):  # a torch.compile region: recorded as the ops of its graph
+        result = run_compiled(recorder, cls, args, kwargs)
+        if result is not NOT_HANDLED:
+            return result
     first = len(recorder.ops)
     try:
         return recorder.__torch_function__(bound, (), args, kwargs)

@@ -104,6 +104,15 @@ class ModuleCall:
 
 
 @dataclass(slots=True)
+class CompiledCall:
+    """A call of a torch.compile region recorded as the ops of its graph, at the lines inside it."""
+    name: str                            # the compiled function's name (`f`, `Model.forward`)
+    first_op: int                        # index of its first op
+    end_op: int                          # one past its last op
+    depth: int = 0                       # how many modules of its ops' paths were running at the call
+
+
+@dataclass(slots=True)
 class SavedSlot:
     """One tensor a grad_fn node saved for backward, as seen at one checkpoint."""
     node: int

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from .kinds import Diagnosis
-from .records import Checkpoint, DistributedModel, GraphNode, Location, ModuleCall, OpRecord, TensorInfo
+from .records import Checkpoint, CompiledCall, DistributedModel, GraphNode, Location, ModuleCall, OpRecord, \
+    TensorInfo
 
 @dataclass
 class TraceData:
@@ -44,6 +45,8 @@ class TraceData:
     # Calls of custom autograd.Functions whose forward ran recorded ops: (its first such op, the call's
     # own op). The forward runs with grad off because the call runs it, in the grad mode of the call.
     function_calls: List[Tuple[int, int]] = field(default_factory=list)
+    # Calls of torch.compile regions recorded as their graphs' ops (at the lines inside them), in call order.
+    compiled: List[CompiledCall] = field(default_factory=list)
     # With check_nan: {"backward": op index, "node": key, "name": node name, "facts": what its saved inputs held}
     nan_origin: Optional[Dict[str, Any]] = field(default_factory=lambda: None)
     # Checked backward calls (1, 2, 4, 8, ...): op index -> whether the tensors it started from (the loss)

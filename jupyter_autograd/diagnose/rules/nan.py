@@ -45,6 +45,8 @@ def nan_gradient(trace: TraceData, source) -> List[Finding]:
         key = origin["node"]
         node = trace.nodes.get(key)
         op = trace.ops[node.created_by] if node is not None and node.created_by is not None else None
+        if origin.get("op") is not None:  # a compiled region's node: the line inside it that made the NaN
+            op = trace.ops[origin["op"]]
     if origin is not None and (trace.roots_finite.get(origin["backward"]) is not False or (
             op is not None and trace.nonfinite_forward.get(origin["backward"]) == op.index)):
         # A finite loss (or not read), or a node made by the very op where the forward pass first left the

@@ -17,20 +17,30 @@ LINE_BOX_MIN = 3         # nodes one line made outside modules before they share
 
 
 def boxes_of(trace: TraceData, scene: Scene, max_children: int) -> None:
-    """One box per module call; items go into the box of the call that made them."""
+    """One box per module call, and per call of a torch.compile region (around the modules it ran);
+    items go into the box of the call that made them."""
     ops = trace.ops
     boxes = scene.boxes
     # Calls: an op whose module path shares a prefix with the previous op's is in the same calls.
     call_of_op: List[str] = [ROOT] * len(ops)
     stack: List[Tuple[str, str]] = []   # (module name, box id)
     calls = Counter()
+    compiled = _compiled_paths(trace)
     for op in ops:
-        path = op.module
+        path = compiled.get(op.index, op.module)
         keep = 0
         while keep < len(stack) and keep < len(path) and stack[keep][0] == path[keep]:
             keep += 1
         del stack[keep:]
         for name in path[keep:]:
+            if isinstance(name, tuple):  # a compiled region's call: a box named for its function
+                call = trace.compiled[name[1]]
+                box_id = "c:%d" % name[1]
+                parent = stack[-1][1] if stack else ROOT
+                boxes[box_id] = Box(box_id, "module", clip(call.name), "torch.compile", call.name, parent,
+                                    first=float(op.index))
+                stack.append((name, box_id))
+                continue
             calls[name] += 1
             box_id = "m:" + name + ("#%d" % calls[name] if calls[name] > 1 else "")
             parent = stack[-1][1] if stack else ROOT
@@ -102,6 +112,17 @@ def boxes_of(trace: TraceData, scene: Scene, max_children: int) -> None:
     for box in boxes.values():
         if box.kind == "module":
             box.sub = ", ".join(s for s in (box.sub, "%d nodes" % box.count) if s)
+
+
+def _compiled_paths(trace: TraceData) -> Dict[int, tuple]:
+    """op index -> its module path with the call of the compiled region it ran in, ("compiled", k),
+    after the modules that were running at that call."""
+    out: Dict[int, tuple] = {}
+    for k, call in enumerate(trace.compiled):
+        for index in range(call.first_op, min(call.end_op, len(trace.ops))):
+            path = trace.ops[index].module
+            out[index] = path[:call.depth] + (("compiled", k),) + path[call.depth:]
+    return out
 
 
 def _line_boxes(trace: TraceData, scene: Scene, children: List[str]) -> List[str]:
