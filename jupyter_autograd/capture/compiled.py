@@ -23,12 +23,12 @@ import torch
 
 from ..model import CompiledCall
 from ..model.queries import reachable
-from .compiled_graph import is_compiled_function, region_of, running_graph
+from .compiled_graph import region_of, running_graph
 from .compiled_nan import KEEP, NanReplays, RegionInputs, replayable
 from .frames import USER, frame_kind
 from .records import OP_CODE, OP_ERR, OP_FUNC, OP_GRAD, OP_IN, OP_LINE, OP_OUT, OP_SEQ, OP_VA, OP_VB, OP_WR
 from .state import State, thread_state
-from .tensors import DEAD, META_CREATED
+from .tensors import META_CREATED
 
 _Tensor = torch.Tensor
 _Module = torch.nn.Module
@@ -183,7 +183,7 @@ def _replace(recorder, region, cls, first, last_write, args, result):
                     t_id = n_tids + len(rows)
                     rows.append((shape, dtype, device, requires_grad, False, index, None, None))
                 elif table.meta[t_id][META_CREATED] == first:
-                    table.meta[t_id] = table.meta[t_id][:META_CREATED] + (index,) + table.meta[t_id][META_CREATED + 1:]
+                    table.set_created_by(t_id, index)
                 slot_tid[s] = t_id
             outputs.append(t_id)
         if node.switch is not None:
@@ -217,8 +217,7 @@ def _replace(recorder, region, cls, first, last_write, args, result):
     leftover = region.owner if 0 <= region.owner < len(plans) else len(plans) - 1
     for t_id in made_here:  # tensors the apply returned that no node stands for (mutated inputs' copies)
         if table.meta[t_id][META_CREATED] == first and t_id not in real_out.values():
-            table.meta[t_id] = table.meta[t_id][:META_CREATED] + (first + leftover,) + \
-                table.meta[t_id][META_CREATED + 1:]
+            table.set_created_by(t_id, first + leftover)
     _note_mutations(recorder, region, cls, first, arg_tids, result, rec, version)
     graph = region.graph() if region.graph is not None else None
     if recorder.check_nan and graph is not None and rec[OP_SEQ] is not None:
@@ -249,27 +248,8 @@ def _note_mutations(recorder, region, cls, first, arg_tids, result, rec, version
 
 
 def _commit(recorder, region, first, last_write, rec, rows, plans, cut, base):
-    ops, table, modules = recorder.ops, recorder.tensors, recorder.modules
-    ops.pop()
-    modules.op_modules.pop(first, None)
-    if rec[OP_SEQ] is not None:  # the apply's node range was the last one added: it moves to its owner
-        ranges = recorder.node_ranges
-        if len(ranges) and ranges.indices[-1] == first:
-            ranges.firsts.pop()
-            ranges.ends.pop()
-            ranges.indices.pop()
-    recorder.last_write = last_write
-    for row in rows:
-        table.refs.append(DEAD)
-        table.meta.append(row)
-    for func, code, line, inputs, before, after, outputs, seq, writes, grad, path in plans:
-        index = len(ops)
-        if seq is not None:
-            recorder.node_ranges.add(seq[0], seq[1], index)
-        if path:
-            modules.op_modules[index] = path
-        recorder.add_op(func, code, line, inputs, before, after, outputs, seq, writes, grad, None)
-    recorder.compiled.add(first, len(ops), region, rec[OP_SEQ], cut, len(base), _call_name(region, base))
+    recorder.replace_last_op(last_write, rows, plans)
+    recorder.compiled.add(first, len(recorder.ops), region, rec[OP_SEQ], cut, len(base), _call_name(region, base))
 
 
 def _outputs(region, cls, result, out_tids):

@@ -303,6 +303,25 @@ class Recorder(RecordingMode):
         if index >= self.folding.at:
             self.folding.fold(self, index)
 
+    def replace_last_op(self, last_write, rows, plans):
+        """The last op (a compiled region's one call: compiled.py) becomes the ops `plans` (add_op's
+        arguments, each with its module path), over tensor rows of the tool's own (`rows`, values made
+        inside the region, with no tensor behind them); the index of the last write before it is
+        `last_write`."""
+        index = len(self.ops) - 1
+        self.ops.pop()
+        self.modules.op_modules.pop(index, None)
+        self.node_ranges.drop_last(index)  # the call's node range moves to the op that owns the node
+        self.last_write = last_write
+        for row in rows:
+            self.tensors.add_row(row)
+        for func, code, line, inputs, before, after, outputs, seq, writes, grad, path in plans:
+            if seq is not None:
+                self.node_ranges.add(seq[0], seq[1], len(self.ops))
+            if path:
+                self.modules.op_modules[len(self.ops)] = path
+            self.add_op(func, code, line, inputs, before, after, outputs, seq, writes, grad, None)
+
     def record_switch(self, func):
         """A grad-mode switch that calls no torch function (entering or leaving inference mode): an op
         with no tensors, at the user's line, with the mode it left."""

@@ -58,6 +58,13 @@ class NodeRanges:
     def __len__(self):
         return len(self.indices)
 
+    def drop_last(self, index):
+        """Drop the last range, if op `index` made it."""
+        if len(self.indices) and self.indices[-1] == index:
+            self.firsts.pop()
+            self.ends.pop()
+            self.indices.pop()
+
     def __iter__(self):
         return zip(self.firsts, self.ends, self.indices)
 

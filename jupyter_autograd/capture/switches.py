@@ -9,7 +9,8 @@ from array import array
 
 import torch
 
-from .compiled import NOT_HANDLED, is_compiled_function
+from .compiled import NOT_HANDLED
+from .compiled_graph import is_compiled_function
 from .compiled import run as run_compiled
 from .state import thread_state
 

@@ -98,6 +98,16 @@ class TensorTable:
                 tids.extend(self.quiet_tid(t) for t in a if isinstance(t, _Tensor))
         return tuple(tids)
 
+    def add_row(self, row):
+        """A tensor of the tool's own, with no tensor behind it (a value made inside a compiled region): its row."""
+        self.refs.append(DEAD)
+        self.meta.append(row)
+        return len(self.refs) - 1
+
+    def set_created_by(self, t_id, index):
+        meta = self.meta[t_id]
+        self.meta[t_id] = meta[:META_CREATED] + (index,) + meta[META_CREATED + 1:]
+
     def root(self, t_id):
         """The tensor whose memory (and version counter) tensor t_id views: the end of its chain of bases."""
         meta = self.meta
