@@ -71,6 +71,22 @@ def text_report(trace: TraceData, width: int = 100) -> str:
     return "\n".join(lines)
 
 
+def shows_only_text(shell) -> bool:
+    """Whether an IPython front end shows only text/plain: a terminal (IPython's
+    TerminalInteractiveShell turns the other formats off), where a widget is a line of text."""
+    try:
+        return "text/html" not in shell.display_formatter.active_types
+    except AttributeError:
+        return False
+
+
+def terminal_hint(save: str = "`trace.save_html('report.html')`") -> str:
+    """The line under a text report where the front end shows only text: what it lacks, and how to
+    get it (`save`: the code that writes the view to a file)."""
+    return ("(a terminal shows the text report; in Jupyter the same cell draws the graph, and %s "
+            "writes it to a file)" % save)
+
+
 WHOLE_REPORT = "(trace.report() has the whole diagnosis)"
 
 
