@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import jupyter_autograd as ja
-from jupyter_autograd.render.text import exception_note
+from jupyter_autograd.render.text import exception_note, explaining_diagnosis
 
 from . import scenario_runner as runner
 from .conftest import ROOT, shared_scenario
@@ -92,8 +92,11 @@ def test_every_scenario_that_raises_gets_the_note_of_its_diagnosis(path):
     assert exc is not None and trace.error.startswith(exc[0])
     found = [d for d in trace.diagnoses if d.kind == sc.kind and d.line == sc.culprit]
     note = exception_note(trace)
+    explains = explaining_diagnosis(trace)  # the diagnosis the note is about (pytest --autograd's summary)
+    assert (explains is None) == (note is None)
     if found:  # kinds not diagnosed yet have no note to give
         assert note and note.startswith("jupyter-autograd: " + found[0].title), note
+        assert explains in trace.diagnoses and note.startswith("jupyter-autograd: " + explains.title + "\n")
         assert re.search(r"culprit(?::| and %s:) +%s, line %d: " % (found[0].saved_label, re.escape(path.name),
                                                                  sc.culprit), note), note
 
@@ -107,13 +110,13 @@ def test_no_note_on_an_exception_that_no_diagnosis_explains():
             raise ValueError("bad batch")
     except ValueError as e:
         assert not getattr(e, "__notes__", None)
-    assert trace.diagnoses and exception_note(trace) is None
+    assert trace.diagnoses and exception_note(trace) is None and explaining_diagnosis(trace) is None
 
 
 def test_no_note_without_an_exception():
     with ja.capture() as trace:
         (torch.ones(2, requires_grad=True) * 2).sum().backward()
-    assert exception_note(trace) is None
+    assert exception_note(trace) is None and explaining_diagnosis(trace) is None
 
 
 def test_a_block_that_stops_before_any_tensor_op_says_so():

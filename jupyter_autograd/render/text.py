@@ -90,23 +90,33 @@ def terminal_hint(save: str = "`trace.save_html('report.html')`") -> str:
 WHOLE_REPORT = "(trace.report() has the whole diagnosis)"
 
 
-def exception_note(trace: TraceData, whole_report: str = WHOLE_REPORT) -> Optional[str]:
-    """A few lines for the traceback of a block that raised (PEP 678 `add_note`): the diagnosis
-    that explains the exception, its lines and the start of its fix. None when no diagnosis is
-    about this exception. `whole_report`, its last line, says where the user finds the rest."""
+def explaining_diagnosis(trace: TraceData) -> Optional[Diagnosis]:
+    """The diagnosis that explains the exception the block raised (the one `exception_note` is
+    about): a problem whose kind explains the error's words, or a `backward-error` quoting it. None
+    when the block raised nothing or no diagnosis is about its exception."""
     error = trace.error or ""
     for d in trace.diagnoses:
         quoted = d.kind == "backward-error" and error and error.split(": ", 1)[-1].split("\n")[0].strip() in d.message
         if d.kind in PROBLEM_KINDS and (quoted or any(words in error for words in EXPLAINS.get(d.kind, ()))):
-            lines = ["jupyter-autograd: %s" % d.title]
-            lines.extend(_lines_of(trace, d, "  "))
-            fix = fix_lines(_short_fix(d.fix), 100, "  ")
-            if fix:
-                lines.append("  fix: " + fix[0].strip())
-                lines.extend(fix[1:])
-            lines.append("  " + whole_report)
-            return "\n".join(lines)
+            return d
     return None
+
+
+def exception_note(trace: TraceData, whole_report: str = WHOLE_REPORT) -> Optional[str]:
+    """A few lines for the traceback of a block that raised (PEP 678 `add_note`): the diagnosis
+    that explains the exception, its lines and the start of its fix. None when no diagnosis is
+    about this exception. `whole_report`, its last line, says where the user finds the rest."""
+    d = explaining_diagnosis(trace)
+    if d is None:
+        return None
+    lines = ["jupyter-autograd: %s" % d.title]
+    lines.extend(_lines_of(trace, d, "  "))
+    fix = fix_lines(_short_fix(d.fix), 100, "  ")
+    if fix:
+        lines.append("  fix: " + fix[0].strip())
+        lines.extend(fix[1:])
+    lines.append("  " + whole_report)
+    return "\n".join(lines)
 
 
 def fix_lines(fix: str, width: int, indent: str) -> List[str]:
