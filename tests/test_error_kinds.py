@@ -574,8 +574,8 @@ NO_DERIVATIVE = {
         b = torch.bincount(torch.tensor([0, 1, 1, 3, 2, 0]), weights=w.exp())
         (a.sum() + b.sum()).backward()
     """,
-    # embedding_bag's backward has no derivative in any torch the project runs on (2.13 to 2.15;
-    # (cdist's has one since torch 2.14). diagnosed() checks that plain PyTorch raises.
+    # embedding_bag's backward has no derivative in any torch the suite runs on (cdist's has one
+    # since 2.14); diagnosed() checks that plain PyTorch raises.
     "a second-order gradient through embedding_bag": """
         import torch
         import torch.nn.functional as F
