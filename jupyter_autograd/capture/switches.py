@@ -9,9 +9,9 @@ from array import array
 
 import torch
 
+from .compiling import is_compiling as _is_compiling
 from .state import thread_state
 
-_is_compiling = torch.compiler.is_compiling
 _Function = torch.autograd.function.Function
 original_apply = _Function.__dict__["apply"]
 _inference_mode = torch.autograd.grad_mode.inference_mode
