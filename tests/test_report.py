@@ -208,11 +208,17 @@ def test_readme_sample_report_is_what_its_example_cell_prints(shell):
     _shown_in(_readme_block("`%%autograd --text` prints the report instead:"), printed)
 
 
+def _internal_node_numbered_alike(text):
+    """PyTorch's own message names an internal node whose number depends on the torch version
+    (`output 0 of Fill3` on 2.13, `Fill2` on 2.15): the README shows one version's."""
+    return re.sub(r"(which is output \d+ of [A-Za-z_:]+?)\d+\b", r"\1<n>", text)
+
+
 def test_readme_sample_note_is_what_a_script_prints(tmp_path):
     proc = run_script(tmp_path, SCRIPT)
     sample = _readme_block("that dies in `backward()` says which line did it")
     if HAS_NOTES:
-        _shown_in(sample, proc.stderr)
+        _shown_in([_internal_node_numbered_alike(line) for line in sample], _internal_node_numbered_alike(proc.stderr))
 
 
 # -- where a line is, and what the second line is, in every output ---------------------------------
