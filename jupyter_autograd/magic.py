@@ -31,6 +31,7 @@ from IPython.core.inputtransformer2 import leading_indent
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from .render.text import shows_only_text, terminal_hint
 from .session import ExitLookup, capture, file_namers, warn
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the tool's own frames
@@ -121,7 +122,7 @@ class AutogradMagics(Magics):
         if args.quiet and not trace.diagnoses and not trace.warnings:  # a failed analysis is said, always
             return
         try:
-            text_only = _shows_only_text(self.shell)
+            text_only = shows_only_text(self.shell)
             line = _nothing_to_show(trace, args.output)
             if line is None and not args.text and not text_only:
                 from .widget import display_trace
@@ -394,17 +395,7 @@ def _show_first_lines_as_typed(trace, first_lines):
             lines[0] = first_lines[filename]
 
 
-def _shows_only_text(shell):
-    """Whether the front end shows only text/plain: a terminal (IPython's TerminalInteractiveShell
-    turns the other formats off), where a widget is a line of text."""
-    try:
-        return "text/html" not in shell.display_formatter.active_types
-    except AttributeError:
-        return False
-
-
-TERMINAL_HINT = ("(a terminal shows the text report; in Jupyter the same cell draws the graph, and "
-                 "`%%autograd -o tr` then `tr.save_html('report.html')` writes it to a file)")
+TERMINAL_HINT = terminal_hint("`%%autograd -o tr` then `tr.save_html('report.html')`")
 
 
 def _nothing_to_show(trace, kept_as=None):

@@ -116,13 +116,13 @@ def _explain(item, exc, trace):
     if not isinstance(exc, Exception) or not hasattr(exc, "add_note"):
         return
     try:
-        from jupyter_autograd.render.text import exception_note
+        from jupyter_autograd.render.text import exception_note, explaining_diagnosis
 
         note = exception_note(trace, '(the whole report is in the "Captured autograd call" section below)')
         if note:
             exc.add_note(note)
             item.add_report_section("call", "autograd", trace.report())
-            explains = _explaining(trace)
+            explains = explaining_diagnosis(trace)
             if explains is not None:
                 error = (trace.error or "").split("\n", 1)[0]
                 item.stash[_SUMMARY] = _summary(item, trace, explains, 0) + ("; " + error if error else "")
@@ -163,15 +163,3 @@ def _summary(item, trace, d, more):
         where = " %s:%d" % (path, d.line)
     tail = " (and %d more problem%s)" % (more, "" if more == 1 else "s") if more else ""
     return "[%s]%s %s%s" % (d.kind, where, d.title, tail)
-
-
-def _explaining(trace):
-    """The diagnosis whose note explains the test's exception (the one exception_note would write)."""
-    from dataclasses import replace
-
-    from jupyter_autograd.render.text import exception_note
-
-    for d in trace.diagnoses:
-        if exception_note(replace(trace, diagnoses=[d])) is not None:
-            return d
-    return None

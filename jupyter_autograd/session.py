@@ -159,8 +159,8 @@ class Trace(TraceData):
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         try:
-            from .widget import AutogradWidget
-            return AutogradWidget(self)._repr_mimebundle_(include=include, exclude=exclude)
+            from .widget import trace_mimebundle
+            return trace_mimebundle(self, include=include, exclude=exclude)
         except ImportError:
             return {"text/plain": self.report()}
 

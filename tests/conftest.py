@@ -36,6 +36,18 @@ def shared_scenario(name):
     pytest.skip("needs %s of the shared corpora, and ../shared is not beside this checkout" % name)
 
 
+def shared_file(relative):
+    """The file `relative` of ../shared (`tools/check_scenarios.py`), for a test that runs it: where
+    ../shared is not beside the checkout (a fresh clone), the test skips and says why; in CI, or
+    where ../shared is there without that file, it fails."""
+    path = SHARED_SCENARIOS.parent / relative
+    if path.is_file():
+        return path
+    if IN_CI or SHARED_SCENARIOS.parent.is_dir():
+        pytest.fail("%s is not in %s" % (relative, SHARED_SCENARIOS.parent))
+    pytest.skip("needs %s of ../shared, and ../shared is not beside this checkout" % relative)
+
+
 @pytest.fixture
 def shell():
     """A fresh InteractiveShell per test, with the extension loaded."""

@@ -43,6 +43,14 @@ def test_the_tests_about_one_shared_case_skip_and_say_why(clone):
         in proc.stdout, proc.stdout[-3000:]
 
 
+def test_the_official_checker_skips_and_says_why(clone):
+    proc = pytest_in(clone, "-rs", "tests/test_scenarios.py::test_official_checker_script")
+    assert proc.returncode == 0 and re.search(r"\b1 skipped\b", proc.stdout), proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "needs tools/check_scenarios.py of ../shared, and ../shared is not beside this checkout" in proc.stdout
+    proc = pytest_in(clone, "tests/test_scenarios.py::test_official_checker_script", ci=True)
+    assert proc.returncode not in (0, 5), proc.stdout[-3000:]  # a failure or an error, not a pass or nothing run
+
+
 def test_every_reader_of_the_corpora_collects_without_them(clone):
     proc = pytest_in(clone, "--collect-only", "-q", *READERS)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

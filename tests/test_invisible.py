@@ -101,15 +101,31 @@ def _same(a, b):
     return a == b
 
 
-def _assert_invisible(work):
+def _assert_invisible(work, once=()):
+    """`once`: warnings whose count alone may differ (each is compared as if given once)."""
     before = _global_state()
     plain = _run(work, captured=False)
     assert _global_state() == before
     captured = _run(work, captured=True)
     assert _global_state() == before
     for key in ("result", "out", "error", "frames", "warnings", "rng"):
-        assert _same(plain[key], captured[key]), (key, plain[key], captured[key])
+        a, b = plain[key], captured[key]
+        if key == "warnings" and once:
+            a, b = _once_each(a, once), _once_each(b, once)
+        assert _same(a, b), (key, plain[key], captured[key])
     return plain, captured
+
+
+def _once_each(caught, messages):
+    seen = set()
+    kept = []
+    for w in caught:
+        if w[1] in messages:
+            if w[1] in seen:
+                continue
+            seen.add(w[1])
+        kept.append(w)
+    return kept
 
 
 # -- tracebacks (item 3) ---------------------------------------------------------------------------
@@ -719,10 +735,30 @@ def _compiled_models():
     return whole, calling
 
 
+# On Python 3.13.0 only, Dynamo warns once for each dict it guards (torch/_dynamo/guards.py: a
+# CPython 3.13.0 bug). The block's global module hooks are dicts Dynamo guards too: more of that one
+# warning (as plain PyTorch gives with any global module hook), for the same compiled graphs.
+SLOW_GUARDS_3_13_0 = "Guards may run slower on Python 3.13.0. Consider upgrading to Python 3.13.1+."
+
+
+def _compiled_models_and_their_graphs():
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    result = _compiled_models()
+    return result, counters["stats"]["unique_graphs"] - before
+
+
 def test_torch_compile_of_a_module_and_of_a_function_calling_one_works_as_plain():
-    plain, captured = _assert_invisible(_compiled_models)
-    assert plain["error"] is None and plain["warnings"] == []
-    assert captured["trace"].warnings == []
+    plain, captured = _assert_invisible(_compiled_models_and_their_graphs, once=[SLOW_GUARDS_3_13_0])
+    assert plain["error"] is None and [w for w in plain["warnings"] if w[1] != SLOW_GUARDS_3_13_0] == []
+    assert plain["result"][1] == captured["result"][1] == 2  # compiled as often: no recompile
+    trace = captured["trace"]
+    assert trace.warnings == []
+    # Dynamo's own work while it compiles (fake tensors, guards, inference_mode) is not recorded; the
+    # graphs it made, run by the eager backend, are (a function mode sees their calls).
+    assert [op.name for op in trace.ops if op.name in ("F.linear", "F.relu", "torch.inference_mode",
+                                                        "Tensor.stride")] == ["F.linear", "F.relu", "F.linear"] * 2
 
 
 def _eval_transformer():

@@ -93,3 +93,17 @@ def test_a_report_of_a_cell_that_did_not_raise_comes_before_its_result(terminal)
                        "h += 1", "41 + 1")
     assert out.index("jupyter-autograd: 1 problem found") < out.index("(a terminal shows the text report") \
         < out.index("Out[") < out.index("42"), out
+
+
+def test_trace_show_and_a_trace_as_a_cells_value_say_what_a_terminal_has(terminal):
+    """trace.show() and a Trace as a cell's value in a terminal: the text report and the magic's
+    words about the view, not a line about an "interactive view" the terminal never shows."""
+    terminal.run("%%autograd -q -o kept", "import torch", "w = torch.ones(2, requires_grad=True)",
+                 "h = w.exp()", "h += 1")
+    for typed in ("kept.show()", "kept"):
+        out = terminal.run(typed)
+        assert "interactive view" not in out, out
+        assert "jupyter-autograd: 1 problem found" in out and "culprit: In [" in out, out
+        assert out.rstrip().endswith("(a terminal shows the text report; in Jupyter the same cell draws the graph, "
+                                     "and `trace.save_html('report.html')` writes it to a file)"), out
+        assert out.count("1 problem found") == 1, out

@@ -54,9 +54,18 @@ def test_notebook_runs_and_diagnoses(path):
         widgets = [o for o in shown if WIDGET in o.data]
         statics = [o for o in shown if "image/png" in o.data and "text/html" in o.data]
         quiet = cell.source.startswith("%%autograd") and " -q" in cell.source.splitlines()[0]
+        # A cell with nothing to check (no autograd graph, or an error no autograd problem explains)
+        # gets the magic's one line instead of the widget (magic._nothing_to_show).
+        one_line = [o.data["text/plain"] for o in shown if set(o.data) == {"text/plain"}
+                    and o.data["text/plain"].startswith("jupyter-autograd: ") and "\n" not in o.data["text/plain"]]
         if cell.source.startswith("%%autograd") and not quiet:
-            assert widgets, "no widget under:\n" + cell.source
-            assert statics, "no static picture under:\n" + cell.source
+            if one_line:
+                assert not widgets and not statics and len(one_line) == 1, (one_line, widgets)
+                if not errors:
+                    assert "nothing to check" in one_line[0], one_line
+            else:
+                assert widgets, "no widget under:\n" + cell.source
+                assert statics, "no static picture under:\n" + cell.source
         for tag in tags:
             if not tag.startswith("diagnosis:"):
                 continue
@@ -64,7 +73,7 @@ def test_notebook_runs_and_diagnoses(path):
             reports = [o.data.get("text/plain", "") for o in statics]
             printed = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
             if kind == "none":
-                assert (quiet and not widgets) or (reports and all(
+                assert (quiet and not widgets) or one_line or (reports and all(
                     r.startswith("jupyter-autograd: no problems found") for r in reports)), reports
             else:
                 assert any(r.startswith("jupyter-autograd: 1 problem") and "[%s]" % kind in r for r in reports) \

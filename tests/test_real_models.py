@@ -4,6 +4,7 @@ init: two training steps with SGD and with Adam, then a validation pass without 
 diagnosis and no tool warning; the same models with one planted bug each give the right kind,
 line and dotted name."""
 import inspect
+import sys
 import warnings
 
 import pytest
@@ -126,9 +127,10 @@ def test_planted_data_write_names_the_parameter(name):
     d = trace.diagnoses[0]
     assert d.kind == "silent-data-mutation"
     assert d.line == _line_of(data_write_between_forward_and_backward, "p.data.mul_")
-    # Named after the call site of the model (`m(...)` in real_models.loss_of) or, where that is
-    # not known for certain, its class: never after an unrelated variable.
-    roots = ("m.", type(model).__name__ + ".")
+    # Named after the call site of the model (`m(...)` in real_models.loss_of), or, where that is
+    # not known for certain, its class or (from Python 3.13, PEP 667, whose function locals are
+    # read) this test's `model`: never after an unrelated variable.
+    roots = ("m.", type(model).__name__ + ".") + (("model.",) if sys.version_info >= (3, 13) else ())
     parameter_names = {root + n for root in roots for n, _ in model.named_parameters()}
     assert d.tensor in parameter_names, d.tensor
     assert all(a in parameter_names for a in d.also if not a.startswith("the "))

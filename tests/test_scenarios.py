@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from . import scenario_runner as runner
-from .conftest import SHARED_ERROR_SCENARIOS, SHARED_SCENARIOS, scenario_files
+from .conftest import SHARED_ERROR_SCENARIOS, SHARED_SCENARIOS, scenario_files, shared_file
 
 FILES = scenario_files()
 
@@ -32,13 +32,12 @@ def test_corpus_covers_every_kind():
     assert kinds >= set(runner.PROBLEM_KINDS) | {None}
 
 
-if SHARED_SCENARIOS.is_dir():
-    def test_official_checker_script():
-        """The project's contract as the shared tool checks it, in fresh processes."""
-        script = SHARED_SCENARIOS.parent / "tools" / "check_scenarios.py"
-        env = dict(os.environ, SCENARIO_PYTHON=sys.executable)
-        corpora = [str(c) for c in (SHARED_SCENARIOS, SHARED_ERROR_SCENARIOS) if c.is_dir()]
-        proc = subprocess.run([sys.executable, str(script), "--predict", *corpora],
-                              capture_output=True, text=True, env=env, timeout=900)
-        last = proc.stdout.strip().splitlines()[-1]
-        assert proc.returncode == 0 and " 0 failed" in last, proc.stdout[-3000:] + proc.stderr[-2000:]
+def test_official_checker_script():
+    """The project's contract as the shared tool checks it, in fresh processes."""
+    script = shared_file("tools/check_scenarios.py")
+    env = dict(os.environ, SCENARIO_PYTHON=sys.executable)
+    corpora = [str(c) for c in (SHARED_SCENARIOS, SHARED_ERROR_SCENARIOS) if c.is_dir()]
+    proc = subprocess.run([sys.executable, str(script), "--predict", *corpora],
+                          capture_output=True, text=True, env=env, timeout=900)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 0 and " 0 failed" in last, proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -12,11 +12,12 @@ from jupyter_autograd.widget import AutogradWidget, static_bundle
 
 from . import notebook_cases
 from . import scenario_runner as runner
-from .conftest import ROOT, scenario_files
+from .conftest import SHARED_ERROR_SCENARIOS, scenario_files
 from .test_view_layout import case
 
 XSS = "<img src=x onerror=alert(1)>"
-ERROR_SCENARIOS = sorted((ROOT.parent / "shared" / "scenarios-errors").glob("*.py"))
+# Every corpus: ours, the real cases and both shared corpora (scenario_files has the error one too).
+SCENARIOS = scenario_files()
 
 
 def traced(path):
@@ -29,7 +30,16 @@ def scene_ids(w):
     return {row[0] for row in w.scene["items"]} | {row[0] for row in w.scene["boxes"]}
 
 
-@pytest.mark.parametrize("path", scenario_files() + ERROR_SCENARIOS, ids=lambda p: "%s/%s" % (p.parent.name, p.stem))
+def test_each_scenario_is_drawn_once(request):
+    # What pytest collected for the test below (when it runs in this session), else its parameters.
+    drawn = [item.callspec.params["path"] for item in request.session.items
+             if getattr(item, "originalname", None) == "test_widget_model_for_every_scenario"] or SCENARIOS
+    assert len(set(drawn)) == len(drawn)
+    if SHARED_ERROR_SCENARIOS.is_dir():
+        assert set(SHARED_ERROR_SCENARIOS.glob("*.py")) <= set(SCENARIOS)
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: "%s/%s" % (p.parent.name, p.stem))
 def test_widget_model_for_every_scenario(path):
     sc, trace = traced(path)
     w = AutogradWidget(trace)

@@ -380,7 +380,16 @@ def _made_by(recorder) -> Dict[int, int]:
 
 
 def _graph(recorder, trace):
-    made_by = _made_by(recorder)
+    # A call cut off at the recursion limit (its record raised RecursionError after registering
+    # its results and nodes, before appending its op) leaves them pointing past the last op.
+    n_ops = len(trace.ops)
+    made_by = {key: index for key, index in _made_by(recorder).items() if index < n_ops}
+    orphans = [info for info in trace.tensors.values() if info.created_by is not None and info.created_by >= n_ops]
+    for info in orphans:
+        info.created_by = None
+    if orphans:
+        trace.warnings.append("%d tensor%s made by calls cut off at the recursion limit: shown without the "
+                              "line and the op that made them" % (len(orphans), "" if len(orphans) == 1 else "s"))
     for key, (name, inputs, variable, consumed, _seen) in recorder.graph.nodes.items():
         trace.nodes[key] = GraphNode(key=key, name=name, created_by=made_by.get(key),
                                      inputs=[k for k in inputs if k is not None], variable=variable,

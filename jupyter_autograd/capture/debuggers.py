@@ -71,9 +71,25 @@ def _is_the_users_call(tool_frame, code) -> bool:
     values = tool_frame.f_locals
     for name in ("func", "bound"):
         function = values.get(name)
-        function = getattr(function, "__func__", function)
-        if function is not None and getattr(function, "__code__", None) is code:
+        target = getattr(function, "__func__", function)
+        if target is None:
+            continue
+        if getattr(target, "__code__", None) is code:
             return True
+        # A C function bound to a class calls that class's Python code from no frame of its own:
+        # Function.apply from torch 2.14 (the C _FunctionBase.apply) runs the user's forward.
+        owner = getattr(function, "__self__", None)
+        if not hasattr(target, "__code__") and isinstance(owner, type) and _defined_in(owner, code):
+            return True
+    return False
+
+
+def _defined_in(cls, code) -> bool:
+    """Whether `code` is that of a function of `cls` or its bases (a staticmethod's too)."""
+    for klass in cls.__mro__:
+        for value in vars(klass).values():
+            if getattr(getattr(value, "__func__", value), "__code__", None) is code:
+                return True
     return False
 
 

@@ -24,6 +24,7 @@ import torch
 from . import lifecycle
 from .backward import BACKWARD_FUNCS, BackwardCalls
 from .compiled import CompiledRegions
+from .compiling import is_compiling as _is_compiling
 from .distributed import DistributedModels
 from .folding import KEPT_FUNCS, Folding
 from .frames import UserLines, drop_leading_own_frames, place
@@ -42,7 +43,6 @@ _GETTER_TYPE = type(DATA_GETTER)
 REQUIRES_GRAD_SETTER = torch.Tensor.requires_grad.__set__  # `p.requires_grad = False` freezes: an op
 # `t.data = new` swaps the memory behind `t` without a version bump: recorded as a write of `t` (_swap_data).
 DATA_SETTER = torch.Tensor.data.__set__
-_is_compiling = torch.compiler.is_compiling
 _tracing_state = torch._C._get_tracing_state  # not None while torch.jit.trace runs
 _next_seq = torch._C._autograd._get_sequence_nr  # the sequence number the next grad_fn node gets
 _grad_enabled = torch.is_grad_enabled

@@ -12,12 +12,12 @@ import sys
 import torch
 from torch.nn.modules import module as _nn_module
 
+from .compiling import is_compiling as _is_compiling
 from .frames import call_columns, frame_kind, place
 from .state import thread_state
 
 _Tensor = torch.Tensor
 _SEQUENCES = (list, tuple)
-_is_compiling = torch.compiler.is_compiling
 _getframe = sys._getframe
 _WRAPPED_CALL_CODE = _nn_module.Module._wrapped_call_impl.__code__
 

@@ -15,11 +15,11 @@ from collections import namedtuple
 
 import torch
 
+from .compiling import is_compiling as _is_compiling
 from .state import State, thread_state
 from .tensors import current_versions
 
 _Tensor = torch.Tensor
-_is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
 _all_torch_function_off = torch._C.DisableTorchFunction  # modes too: our hooks' reads are no ops
 _stack_length = torch._C._len_torch_function_stack

@@ -12,9 +12,9 @@ import torch
 from .compiled import NOT_HANDLED
 from .compiled_graph import is_compiled_function
 from .compiled import run as run_compiled
+from .compiling import is_compiling as _is_compiling
 from .state import thread_state
 
-_is_compiling = torch.compiler.is_compiling
 _Function = torch.autograd.function.Function
 original_apply = _Function.__dict__["apply"]
 _inference_mode = torch.autograd.grad_mode.inference_mode

@@ -71,26 +71,52 @@ def text_report(trace: TraceData, width: int = 100) -> str:
     return "\n".join(lines)
 
 
+def shows_only_text(shell) -> bool:
+    """Whether an IPython front end shows only text/plain: a terminal (IPython's
+    TerminalInteractiveShell turns the other formats off), where a widget is a line of text."""
+    try:
+        return "text/html" not in shell.display_formatter.active_types
+    except AttributeError:
+        return False
+
+
+def terminal_hint(save: str = "`trace.save_html('report.html')`") -> str:
+    """The line under a text report where the front end shows only text: what it lacks, and how to
+    get it (`save`: the code that writes the view to a file)."""
+    return ("(a terminal shows the text report; in Jupyter the same cell draws the graph, and %s "
+            "writes it to a file)" % save)
+
+
 WHOLE_REPORT = "(trace.report() has the whole diagnosis)"
+
+
+def explaining_diagnosis(trace: TraceData) -> Optional[Diagnosis]:
+    """The diagnosis that explains the exception the block raised (the one `exception_note` is
+    about): a problem whose kind explains the error's words, or a `backward-error` quoting it. None
+    when the block raised nothing or no diagnosis is about its exception."""
+    error = trace.error or ""
+    for d in trace.diagnoses:
+        quoted = d.kind == "backward-error" and error and error.split(": ", 1)[-1].split("\n")[0].strip() in d.message
+        if d.kind in PROBLEM_KINDS and (quoted or any(words in error for words in EXPLAINS.get(d.kind, ()))):
+            return d
+    return None
 
 
 def exception_note(trace: TraceData, whole_report: str = WHOLE_REPORT) -> Optional[str]:
     """A few lines for the traceback of a block that raised (PEP 678 `add_note`): the diagnosis
     that explains the exception, its lines and the start of its fix. None when no diagnosis is
     about this exception. `whole_report`, its last line, says where the user finds the rest."""
-    error = trace.error or ""
-    for d in trace.diagnoses:
-        quoted = d.kind == "backward-error" and error and error.split(": ", 1)[-1].split("\n")[0].strip() in d.message
-        if d.kind in PROBLEM_KINDS and (quoted or any(words in error for words in EXPLAINS.get(d.kind, ()))):
-            lines = ["jupyter-autograd: %s" % d.title]
-            lines.extend(_lines_of(trace, d, "  "))
-            fix = fix_lines(_short_fix(d.fix), 100, "  ")
-            if fix:
-                lines.append("  fix: " + fix[0].strip())
-                lines.extend(fix[1:])
-            lines.append("  " + whole_report)
-            return "\n".join(lines)
-    return None
+    d = explaining_diagnosis(trace)
+    if d is None:
+        return None
+    lines = ["jupyter-autograd: %s" % d.title]
+    lines.extend(_lines_of(trace, d, "  "))
+    fix = fix_lines(_short_fix(d.fix), 100, "  ")
+    if fix:
+        lines.append("  fix: " + fix[0].strip())
+        lines.extend(fix[1:])
+    lines.append("  " + whole_report)
+    return "\n".join(lines)
 
 
 def fix_lines(fix: str, width: int, indent: str) -> List[str]:

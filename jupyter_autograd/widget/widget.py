@@ -33,7 +33,7 @@ import traitlets as t
 
 from ..model import TraceData
 from ..render import health, layout, timeline
-from ..render.text import INCOMPLETE, graph_summary, text_report, verdict
+from ..render.text import INCOMPLETE, graph_summary, shows_only_text, terminal_hint, text_report, verdict
 from ..stats import grad_stats
 
 _HERE = pathlib.Path(__file__).parent
@@ -551,11 +551,15 @@ def display_trace(trace: TraceData, filename: Optional[str] = None) -> None:
         marimo.output.append(marimo.Html(static_html(trace)))
         marimo.output.append(marimo.ui.anywidget(widget))
         return
-    if _running_ipython() is None:
+    shell = _running_ipython()
+    if shell is None:
         print(text_report(trace))
         return
     from IPython.display import display
 
+    if shows_only_text(shell):  # terminal IPython: the widget would be one line about a view it lacks
+        display({"text/plain": text_report(trace) + "\n" + terminal_hint()}, raw=True)
+        return
     widget = AutogradWidget(trace, filename=filename)
     widget._static_elsewhere = True
     try:
@@ -564,6 +568,15 @@ def display_trace(trace: TraceData, filename: Optional[str] = None) -> None:
     except BaseException:  # never shown: ipywidgets would keep it, and the trace, for good
         widget.close()
         raise
+
+
+def trace_mimebundle(trace: TraceData, include=None, exclude=None):
+    """A Trace as a cell's value: the widget and its static pictures; where the front end shows only
+    text (terminal IPython), the text report and what the terminal lacks, with no widget made."""
+    shell = _running_ipython()
+    if shell is not None and shows_only_text(shell):
+        return {"text/plain": text_report(trace) + "\n" + terminal_hint()}
+    return AutogradWidget(trace)._repr_mimebundle_(include=include, exclude=exclude)
 
 
 def _running_marimo():

@@ -221,8 +221,10 @@ def _unused_inputs(trace: TraceData) -> List[Finding]:
             candidates = [t for t, k in zip(cp.input_tids, cp.inputs) if k not in reached]
         for tid in candidates[:1]:
             cut = path_cut(trace, tid, cp, FunctionCalls(trace))
+            # torch 2.10 and older name no index: the input's position says it.
             out.append(Finding("missing-grad", "unused-input", op=cut["op"] if cut else op, subject=tid, tids=(tid,),
-                               facts={"index": index, "raised": m.group(0), "cut": cut}))
+                               facts={"index": cp.input_tids.index(tid) if index is None else index,
+                                      "said_index": index is not None, "raised": m.group(0), "cut": cut}))
     return out
 
 
@@ -230,13 +232,13 @@ def _unused_inputs(trace: TraceData) -> List[Finding]:
 def _unused(trace: TraceData, f: Finding) -> Words:
     tensor = trace.tensor_label(f.subject)
     index, cut = f.facts["index"], f.facts["cut"]
+    naming = "naming only its index" if f.facts["said_index"] else "naming neither it nor its index"
     if cut is None:
         message = ("`%s` (input %s of `torch.autograd.grad`) was never used to compute the outputs, so it has "
-                   "no gradient; PyTorch raised \"%s\", naming only its index." % (
-                       tensor, index if index is not None else "?", f.facts["raised"]))
+                   "no gradient; PyTorch raised \"%s\", %s." % (tensor, index, f.facts["raised"], naming))
     else:
         message = ("`%s` (input %s of `torch.autograd.grad`) is off the path to the outputs: %s cut it off "
-                   "(%s). PyTorch raised naming only its index." % (tensor, index, where(f.op), _why_path_cut(cut)))
+                   "(%s). PyTorch raised %s." % (tensor, index, where(f.op), _why_path_cut(cut), naming))
     fix = ("%s compute the outputs from `%s` without cutting the chain, or drop it from the inputs (or "
            "pass allow_unused=True to `torch.autograd.grad` and expect None for it)." % (NO_ONE_LINE_FIX, tensor))
     return Words(message, fix, tensor)

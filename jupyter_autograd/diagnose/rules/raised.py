@@ -132,6 +132,8 @@ def _without_derivative(trace: TraceData, backward: OpRecord, missing: str):
     while it ran the backward formula of a forward op: the node of that op's name."""
     order = nodes_run(trace, backward)
     named = [k for k in order if plain_node_name(trace.nodes[k].name) == plain_node_name(missing)]
+    # Where torch numbers a NotImplemented node (2.10 and older), its op made it, as any node's.
+    named = named or [k for k in order if trace.nodes[k].name == "NotImplemented" and node_made(trace, k) is not None]
     if named:
         ran, key = node_made(trace, named[0]), named[0]
     else:
