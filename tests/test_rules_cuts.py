@@ -527,17 +527,24 @@ def test_a_term_that_trains_or_was_never_computed_from_the_model_is_fine(make_lo
     assert _problems(trace) == [], trace.report()
 
 
-def test_a_term_detached_on_purpose_is_no_cut():
-    # `.detach()` exists only to stop the gradient: the term is meant to carry none (the oracle: it
-    # changes no weight, as PyTorch's own stop-gradient promises).
+def test_a_detached_term_of_what_the_step_trains_starves_it():
+    # Issue 29, principle 2 (this test said the opposite before it): a term computed from the
+    # parameters the step updates, detached, then added to the loss, changes no weight (the oracle:
+    # weight 0 and 1 give the same step), though without the cut it would. The cross-entropy keeps the
+    # loss connected; the cut is named at the detach (tests/test_starved.py has the family).
     def make_loss(model, x, y, weight):
         logits = model(x)
-        return F.cross_entropy(logits, y) + weight * logits.pow(2).mean().detach()
+        return F.cross_entropy(logits, y) + weight * logits.pow(2).mean().detach()  # CULPRIT
+
+    def without_the_cut(model, x, y, weight):
+        logits = model(x)
+        return F.cross_entropy(logits, y) + weight * logits.pow(2).mean()
 
     assert all(torch.equal(a, b) for a, b in zip(_step_with(make_loss, 0.0), _step_with(make_loss, 1.0)))
+    assert not all(torch.equal(a, b) for a, b in zip(_step_with(without_the_cut, 0.0), _step_with(without_the_cut, 1.0)))
     with ja.capture() as trace:
         _step_with(make_loss, 1.0)
-    assert _problems(trace) == [], trace.report()
+    assert [(kind, line) for kind, line, _ in _problems(trace)] == [("graph-cut", _line_of(make_loss))], trace.report()
 
 
 # -- a cut that drops a graph, beside a model run with no graph on purpose ---------------------------

@@ -31,7 +31,7 @@ _ADDS = {"add", "add_", "sub", "sub_", "rsub", "__add__", "__radd__", "__iadd__"
 
 
 def graph_cut(trace: TraceData, source) -> List[Finding]:
-    out, said = [], []
+    out, said, explained = [], [], set()
     for cp in backward_checkpoints(trace):
         backward = trace.ops[cp.op_index]
         root = backward.inputs[0] if backward.inputs else None
@@ -44,6 +44,7 @@ def graph_cut(trace: TraceData, source) -> List[Finding]:
                 out.append(Finding("graph-cut", "rebuilt-loss", op=made, subject=root, tids=(root, *rebuilt),
                                    predicted=True, facts={"rebuilt": rebuilt}))
                 said.append((line, trace.tensor_label(root)))
+            explained.add(cp.op_index)
             continue
         if cp.roots or info is None:
             continue
@@ -59,12 +60,20 @@ def graph_cut(trace: TraceData, source) -> List[Finding]:
         facts.update(hidden=not raised, backward=backward, made_without=cut is None)
         cut = cut if cut is not None else backward
         key = ((at.filename, at.line) if at is not None else _line_of(cut), trace.tensor_label(root))
+        explained.add(backward.index)
         if key in said:
             continue  # the same cut, met again by the next iteration of a loop
         said.append(key)
         out.append(Finding("graph-cut", "cut", op=cut, at=at, subject=root, tids=(root,), predicted=True,
                            facts=facts))
-    return out + _dead_terms(trace)
+    out += _dead_terms(trace, source)
+    from .starved import starved_terms  # it places its cuts as this module does
+    return out + starved_terms(trace, source, {_named_line(f) for f in out}, explained)
+
+
+def _named_line(f: Finding):
+    at = f.at if f.at is not None else (f.op.location if f.op is not None else None)
+    return (at.filename, at.line) if at is not None else (None, None)
 
 
 def cut_of(trace: TraceData, source, tid: int, before: int):
@@ -84,6 +93,13 @@ def cut_of(trace: TraceData, source, tid: int, before: int):
             facts["with_graph"] = _with_graph(trace, source, cut)
             facts["file"] = trace.file_label(cut.location.filename) if cut.location else ""
         return cut, None, facts
+    return place_cut(trace, source, cut, facts)
+
+
+def place_cut(trace: TraceData, source, cut: OpRecord, facts=None):
+    """(the op to name, the line to name where it is not the op's, facts) for an op that cut a chain:
+    where grad was switched off when it ran with grad off (see cut_of); else the op itself."""
+    facts = facts if facts is not None else {"why": "op", "why_op": cut, "switch": None}
     switch = switch_left_on(trace, cut)
     in_block = scope_call(trace, cut) if switch is None else None
     if in_block is not None:  # the line of the grad-off block that called the module which ran it
@@ -102,7 +118,7 @@ def _line_of(op: OpRecord):
     return (op.location.filename, op.location.line) if op.location else (None, None)
 
 
-def _dead_terms(trace: TraceData) -> List[Finding]:
+def _dead_terms(trace: TraceData, source) -> List[Finding]:
     """A term added to a loss (one value added to another that requires grad, on the way to a backward
     call) that was computed from tensors that required grad but has no path to any of them: it trains
     nothing, and its weight changes no gradient (a penalty computed through argmax, `.item()`, a
@@ -131,12 +147,14 @@ def _dead_terms(trace: TraceData) -> List[Finding]:
             sources = ancestors(trace, [term], op.index)
             if not any(t != term and t in trace.tensors and trace.tensors[t].first_requires_grad for t in sources):
                 continue  # made from data alone: a constant of the loss
+            # The cuts on its history: ops that made a tensor it came from, or took out the values of one.
             cuts = [o for o in trace.ops[:op.index] if is_cut(trace, o) and not _reads_only_the_layout(o)
-                    and any(t in sources for t in o.inputs + o.outputs)]
+                    and any(t in sources for t in (o.outputs or o.inputs))]
             if not cuts or any(o.name.rpartition(".")[2] in _STOP_GRADIENT for o in cuts):
                 continue  # `.detach()` on the way says the term is meant to carry no gradient
-            out.append(Finding("graph-cut", "dead-term", op=cuts[0], subject=term, tids=(term,),
-                               facts={"added_at": op.location.line}))
+            cut, at, facts = place_cut(trace, source, cuts[0])
+            facts["added_at"] = op.location.line
+            out.append(Finding("graph-cut", "dead-term", op=cut, at=at, subject=term, tids=(term,), facts=facts))
     return out
 
 
@@ -167,11 +185,10 @@ def _cut(trace: TraceData, f: Finding) -> Words:
 @words("dead-term")
 def _dead_term(trace: TraceData, f: Finding) -> Words:
     tensor = trace.tensor_label(f.subject)
-    why = why_cut({"why": "op", "why_op": f.op})
     message = ("`%s` is added to the loss at line %d, but it has no path to the tensors it was computed from: %s "
                "cut it (%s). backward() runs, and this term changes no gradient: it trains nothing, and its weight "
-               "does nothing." % (tensor, f.facts["added_at"], where(f.op), why))
-    return Words(message, cut_fix(f.op, "op"), tensor)
+               "does nothing." % (tensor, f.facts["added_at"], where_at(f.op, f.at), why_cut(f.facts)))
+    return Words(message, cut_fix(f.op, f.facts["why"], f.facts), tensor)
 
 
 @words("rebuilt-loss")
