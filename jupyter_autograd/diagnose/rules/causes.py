@@ -47,7 +47,8 @@ from ..fixes import (applied_function_fix, fp16_fix, line_ref, needs_grad_fix, n
                      nonleaf_optimized_fix, not_a_parameter_fix, numpy_fix, reentrant_fix, setup_context_fix, where)
 from ..wording import words
 from .common import label, line_text, made, raised, shown
-from .cuts import cut_fix, cut_of, where_at, why_cut
+from .cut_place import cut_fix, where_at, why_cut
+from .cuts import cut_of
 
 # The ops that set a leaf's requires_grad.
 _SETTERS = {"Tensor.requires_grad_", FREEZE_SETTER}

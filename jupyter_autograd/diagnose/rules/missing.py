@@ -21,7 +21,7 @@ from ..findings import Finding, Words
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, code, starved_fix, where
 from ..wording import words
 from .common import backward_checkpoints
-from .cuts import why_cut
+from .cut_place import why_cut
 
 _UNUSED_INPUT = re.compile(r"[Dd]ifferentiated Tensors? (?:at index (\d+) )?appears? to not have been used in the graph")
 _MOVES = {"to", "cuda", "cpu", "double", "float", "half", "bfloat16", "type", "long", "int", "mps", "xpu"}

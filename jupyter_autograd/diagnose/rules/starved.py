@@ -20,7 +20,7 @@ no-grad forward of the trained model: a rollout, an old policy's log-probs) drop
 snapshot by design as often as not, and is not judged here. Nor is a Python number added to the
 loss: the capture records the tensors an op was given, not the numbers.
 
-Named at the cut, placed as graph-cut places a cut (cuts.place_cut): where grad was switched off,
+Named at the cut, placed as graph-cut places a cut (cut_place.place_cut): where grad was switched off,
 the grad-off block's call, a grad-off decorator."""
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from ..findings import Finding, Words
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, code, line_ref
 from ..wording import words
 from .common import backward_checkpoints
-from .cuts import cut_fix, place_cut, where_at, why_cut
+from .cut_place import cut_fix, place_cut, where_at, why_cut
 
 # Ops whose result is a sum of their tensor inputs' elements (or a part of them): a term passes
 # through them unchanged in kind.
