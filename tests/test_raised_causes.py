@@ -422,6 +422,36 @@ def test_reentrant_checkpoint_under_autograd_grad_names_the_checkpoint(tmp_path)
     assert runs(tmp_path / "fixed.py", with_line(source, ckpt, replacement(d.fix)))
 
 
+@pytest.mark.parametrize("transform", ["torch.func.grad(f)(x)", "torch.func.jvp(f, (x,), (x,))"])
+def test_reentrant_checkpoint_under_a_transform_gets_a_fix_that_runs_under_it(tmp_path, transform):
+    # The oracle: the fixed program runs under the same transform and gives the derivative of the
+    # block without checkpointing. `use_reentrant=False` does not run under torch.func.grad (its
+    # saved-tensor hooks are refused on every torch), nor under jvp before torch 2.11.
+    source = """
+        import torch
+        from torch import nn
+        from torch.utils.checkpoint import checkpoint
+
+        torch.manual_seed(0)
+        block = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+        x = torch.randn(3)
+
+        def f(x):
+            return checkpoint(block, x, use_reentrant=True).sum()
+
+        out = %s
+    """ % transform
+    d, path = diagnosed(tmp_path, source, "transform-unsupported")
+    [ckpt] = lines(path, "return checkpoint(block, x, use_reentrant=True).sum()")
+    assert d.line == ckpt
+    exc, _, fixed = run(tmp_path / "fixed.py", with_line(source, ckpt, replacement(d.fix)), captured=False)
+    assert exc is None, (exc, d.fix)
+    exc, _, plain = run(tmp_path / "plain.py", with_line(source, ckpt, "return block(x).sum()"), captured=False)
+    assert exc is None
+    assert all(torch.equal(a, b) for a, b in zip(torch.utils._pytree.tree_leaves(fixed["out"]),
+                                                 torch.utils._pytree.tree_leaves(plain["out"])))
+
+
 # -- a derivative without a graph ------------------------------------------------------------------
 
 def test_a_derivative_taken_without_create_graph_is_the_cut_and_its_fix_runs(tmp_path):

@@ -29,7 +29,7 @@ tests/test_fixes.py checks on every scenario (and that every new kind of diagnos
 """
 from .errors import (backward_error_fix, ddp_ready_twice_fix, ddp_unused_fix, invalid_gradient_fix,
                      nonleaf_requires_grad_fix, nonscalar_fix, not_differentiable_fix, second_order_fix, starved_fix)
-from .raised import (applied_function_fix, fp16_fix, needs_grad_fix, no_grad_cut_fix, nonleaf_copied_fix,
+from .raised import (applied_function_fix, checkpoint_under_transform_fix, fp16_fix, needs_grad_fix, no_grad_cut_fix, nonleaf_copied_fix,
                      nonleaf_optimized_fix, not_a_parameter_fix, numpy_fix, reentrant_fix, setup_context_fix)
 from .words import (NO_ONE_LINE_FIX, REPLACE, REPLACE_LINE, REPLACE_LINES, SAVED_COPY_REMEDY, also_changed,
                     backward_outcome, code, counted, cut_spelling, describe_write, line_ref, where)
@@ -42,4 +42,4 @@ __all__ = ["backward_error_fix", "ddp_ready_twice_fix", "ddp_unused_fix", "inval
            "backward_outcome", "code", "counted", "cut_spelling", "describe_write", "line_ref", "where",
            "accumulation_fix", "data_fix", "data_swap_fix", "inference_tensor_fix", "inplace_fix", "kept_fix",
            "leaf_fix", "view_write_fix", "applied_function_fix", "fp16_fix", "needs_grad_fix", "no_grad_cut_fix",
-           "nonleaf_copied_fix", "nonleaf_optimized_fix", "not_a_parameter_fix", "numpy_fix", "reentrant_fix", "setup_context_fix"]
+           "nonleaf_copied_fix", "nonleaf_optimized_fix", "not_a_parameter_fix", "numpy_fix", "reentrant_fix", "setup_context_fix", "checkpoint_under_transform_fix"]

@@ -135,6 +135,56 @@ def reentrant_fix(src: str) -> str:
             "call that needs it." % NO_ONE_LINE_FIX)
 
 
+def checkpoint_under_transform_fix(src: str) -> str:
+    """A reentrant checkpoint under a torch.func transform: the block called directly inside it. That
+    holds under every transform and torch version; use_reentrant=False does not (torch.func.grad and
+    vjp refuse its saved-tensor hooks, and before torch 2.11 vmap and jvp refuse it too)."""
+    rewritten = _without_checkpoint(src)
+    keep = ("" if not _non_reentrant_runs_under_forward_transforms() else
+            " To keep the memory saving under vmap or jvp, `use_reentrant=False` instead runs there on this torch "
+            "(not under torch.func.grad or vjp, which refuse its saved-tensor hooks).")
+    if rewritten is not None:
+        return ("Call the block without checkpointing inside the transform: torch.func runs the block itself, and "
+                "it keeps what the block's backward needs.%s %s\n%s" % (keep, REPLACE, code(rewritten)))
+    return ("%s call the checkpointed function directly inside the torch.func transform (no checkpoint there).%s"
+            % (NO_ONE_LINE_FIX, keep))
+
+
+def _without_checkpoint(src: str) -> Optional[str]:
+    code_part = src.partition("#")[0]
+    tree = parse_fresh(code_part.strip())
+    if tree is None or len(tree.body) != 1:
+        return None
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).rpartition(".")[2] == "checkpoint"]
+    if len(calls) != 1 or not calls[0].args or any(isinstance(a, ast.Starred) for a in calls[0].args[:1]):
+        return None
+    call = calls[0]
+    options = {"use_reentrant", "preserve_rng_state", "determinism_check", "debug", "context_fn"}
+    call.func, call.args = call.args[0], call.args[1:]
+    call.keywords = [k for k in call.keywords if k.arg not in options]
+    return ast.unparse(tree)
+
+
+_FORWARD_TRANSFORM_PROBE: list = []
+
+
+def _non_reentrant_runs_under_forward_transforms() -> bool:
+    """Whether this torch runs a non-reentrant checkpoint under torch.func.jvp and vmap (2.11 and later
+    do; 2.10 refuses both): tried once on a one-element tensor of our own, with no mode of the tool."""
+    if not _FORWARD_TRANSFORM_PROBE:
+        import torch
+        from torch.utils.checkpoint import checkpoint
+        try:
+            with torch._C.DisableTorchFunction():
+                t = torch.zeros(1)
+                torch.func.jvp(lambda x: checkpoint(torch.sin, x, use_reentrant=False), (t,), (t,))
+                torch.func.vmap(lambda x: checkpoint(torch.sin, x, use_reentrant=False))(t)
+            _FORWARD_TRANSFORM_PROBE.append(True)
+        except Exception:  # any refusal means: not on this torch
+            _FORWARD_TRANSFORM_PROBE.append(False)
+    return _FORWARD_TRANSFORM_PROBE[0]
+
+
 def _non_reentrant(src: str) -> Optional[str]:
     code_part, hash_, comment = src.partition("#")
     tree = parse_fresh(code_part.strip())

@@ -43,8 +43,9 @@ from ...source.index import parse_statement
 from ...source.naming import spelled
 from ..findings import Finding, Words
 from ...source.index import parse_fresh
-from ..fixes import (applied_function_fix, fp16_fix, line_ref, needs_grad_fix, no_grad_cut_fix, nonleaf_copied_fix,
-                     nonleaf_optimized_fix, not_a_parameter_fix, numpy_fix, reentrant_fix, setup_context_fix, where)
+from ..fixes import (applied_function_fix, checkpoint_under_transform_fix, fp16_fix, line_ref, needs_grad_fix,
+                     no_grad_cut_fix, nonleaf_copied_fix, nonleaf_optimized_fix, not_a_parameter_fix, numpy_fix,
+                     reentrant_fix, setup_context_fix, where)
 from ..wording import words
 from .common import label, line_text, made, raised, shown
 from .cut_place import cut_fix, where_at, why_cut
@@ -584,7 +585,7 @@ def _transform_words(trace: TraceData, f: Finding) -> Words:
         message = ("%s checkpoints with use_reentrant=True, whose autograd.Function (`%s`) has no setup_context, "
                    "and it ran under a torch.func transform (vmap, grad, jvp, jacrev), which runs only Functions "
                    "that have one. PyTorch raised: \"%s\"" % (where(op), cls, raised(op.error)))
-        return Words(message, reentrant_fix(op.location.source if op.location else ""))
+        return Words(message, checkpoint_under_transform_fix(op.location.source if op.location else ""))
     message = ("%s applies the autograd.Function `%s`, which is not in your files and has no setup_context, under "
                "a torch.func transform (vmap, grad, jvp, jacrev), which runs only Functions that have one. PyTorch "
                "raised: \"%s\"" % (where(op), cls, raised(op.error)))
