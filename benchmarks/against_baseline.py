@@ -2,6 +2,7 @@
 
     python benchmarks/against_baseline.py                 # against the first session's capture
     python benchmarks/against_baseline.py --rev REV --reps 80 --workloads mlp,cnn
+    python benchmarks/against_baseline.py --rev REV --workloads resnet50,gpt2   # gpu.py's real op counts
 
 The package as it was at REV is taken from git (`git archive`, so the checkout needs its history)
 into a temporary folder under another name, and imported beside this one. run.py's workloads are
@@ -33,8 +34,20 @@ import run  # noqa: E402  (the workloads and the interleaved timing)
 import jupyter_autograd as ja  # noqa: E402
 
 BASELINE_REV = "47ee298"  # the first session's capture: "capture overhead has not grown" (issue 8)
+
+
+def _at_real_op_counts(name):
+    """gpu.py's step of that name on the CPU (a ResNet-50 or GPT-2 124M at its real op count)."""
+    def factory():
+        import gpu
+        return gpu.workloads(torch.device("cpu"))[name]()
+    return factory
+
+
 WORKLOADS = {"mlp": ("MLP 6x512, batch 64", run.mlp_step), "cnn": ("CNN 8x3x32x32", run.cnn_step),
-             "transformer": ("Transformer 2 layers d=256", run.transformer_step)}
+             "transformer": ("Transformer 2 layers d=256", run.transformer_step),
+             "resnet50": ("ResNet-50, 284 ops (gpu.py)", _at_real_op_counts("ResNet-50")),
+             "gpt2": ("GPT-2 124M, 637 ops (gpu.py)", _at_real_op_counts("GPT-2 124M"))}
 BASELINE_NAME = "jupyter_autograd_baseline"
 
 
