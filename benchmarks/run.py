@@ -14,10 +14,10 @@ import gc
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import weakref
 
@@ -274,6 +274,19 @@ def goals(results):
     out.append(("no CUDA synchronisation", cuda, None if cuda.startswith("no CUDA") else cuda.startswith("no sync")))
     return out
 
+
+def write_json(path, results):
+    """The results as JSON, the whole file or none: written beside it, then renamed over it."""
+    fd, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(results, f, indent=1)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and few repetitions (CI)")
@@ -332,8 +345,7 @@ def main(argv=None):
             verdict = {True: "met", False: "MISSED", None: "not measured"}[g["met"]]
             print("  %-13s %-62s %s" % (verdict, g["goal"], g["measured"]))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        write_json(args.json, results)
     return results
 
 

@@ -433,16 +433,9 @@ def _display_text(text):
     display({"text/plain": text}, raw=True)
 
 
-class _AfterTheTraceback:
-    """Holds the text report of a cell that raised until IPython has shown the cell's traceback
-    (its post_run_cell event comes after it), so that the report is not scrolled away above a long
-    torch traceback. Only inside a cell IPython runs and announces (pre_run_cell): a cell run
-    otherwise has no post_run_cell to wait for, and shows its report at once."""
-
-    def __init__(self, shell):
-        self.shell = shell
-        self.running = False
-        self.pending = []
+class _CellEvents:
+    """A listener of IPython's pre_run_cell and post_run_cell events, registered by start() and
+    unregistered by stop() (a second stop finds nothing to unregister)."""
 
     def start(self):
         self.shell.events.register("pre_run_cell", self.pre_run_cell)
@@ -455,6 +448,18 @@ class _AfterTheTraceback:
                 self.shell.events.unregister(event, callback)
             except ValueError:
                 pass
+
+
+class _AfterTheTraceback(_CellEvents):
+    """Holds the text report of a cell that raised until IPython has shown the cell's traceback
+    (its post_run_cell event comes after it), so that the report is not scrolled away above a long
+    torch traceback. Only inside a cell IPython runs and announces (pre_run_cell): a cell run
+    otherwise has no post_run_cell to wait for, and shows its report at once."""
+
+    def __init__(self, shell):
+        self.shell = shell
+        self.running = False
+        self.pending = []
 
     def later(self, text):
         """Keep `text` for after the traceback; False where there will be no after."""
@@ -504,7 +509,7 @@ class _CellNames:
         return None if number is None else "In [%s]" % number
 
 
-class _WidgetsOfCells:
+class _WidgetsOfCells(_CellEvents):
     """Closes the widgets of ours that no output shows any more, so that their traces can go.
 
     ipywidgets keeps every widget, and so its Trace, until it is closed, and a front end that
@@ -525,8 +530,7 @@ class _WidgetsOfCells:
     def start(self):
         from . import widget
 
-        self.shell.events.register("pre_run_cell", self.pre_run_cell)
-        self.shell.events.register("post_run_cell", self.post_run_cell)
+        super().start()
         widget.made.append(self.made)
         register_hook = getattr(self.shell.display_pub, "register_hook", None)  # ipykernel's
         if register_hook is not None:
@@ -536,11 +540,7 @@ class _WidgetsOfCells:
     def stop(self):
         from . import widget
 
-        for event, callback in (("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)):
-            try:
-                self.shell.events.unregister(event, callback)
-            except ValueError:
-                pass
+        super().stop()
         if self.made in widget.made:
             widget.made.remove(self.made)
         unregister_hook = getattr(self.shell.display_pub, "unregister_hook", None)
