@@ -186,7 +186,7 @@ def _non_reentrant_runs_under_forward_transforms() -> bool:
 
 
 def _non_reentrant(src: str) -> Optional[str]:
-    code_part, hash_, comment = src.partition("#")
+    code_part = src.partition("#")[0]
     tree = parse_fresh(code_part.strip())
     if tree is None or len(tree.body) != 1:
         return None

@@ -47,7 +47,7 @@ from ..fixes import (applied_function_fix, checkpoint_under_transform_fix, fp16_
                      no_grad_cut_fix, nonleaf_copied_fix, nonleaf_optimized_fix, not_a_parameter_fix, numpy_fix,
                      reentrant_fix, setup_context_fix, where)
 from ..wording import words
-from .common import label, line_text, made, raised, shown
+from .common import first_line, label, line_text, made, raised, shown
 from .cut_place import cut_fix, where_at, why_cut
 from .cuts import cut_of
 
@@ -256,16 +256,16 @@ def _a_list_of_tensors(node) -> bool:
         and _a_list_of_tensors(node.args[0])
 
 
-def _as_leaf(source, maker: OpRecord, detached: bool = False) -> Optional[str]:
+def _as_leaf(source, maker: OpRecord) -> Optional[str]:
     """`x = torch.linspace(0, 1, 10).requires_grad_()`: the one-line statement `name = ...` that made a
-    tensor, made to require grad as a leaf (`detached`: a leaf of its values, `.detach().requires_grad_()`,
-    for a tensor with a history)."""
-    found = _as_leaf_lines(source, maker, detached)
+    tensor, made to require grad as a leaf."""
+    found = _as_leaf_lines(source, maker, detached=False)
     return found[2] if found is not None and found[0] == found[1] else None
 
 
 def _as_leaf_lines(source, maker: OpRecord, detached: bool):
-    """(first line, last line, the statement rewritten) for _as_leaf, over the lines of the statement."""
+    """(first line, last line, the statement rewritten) for _as_leaf, over the lines of the statement
+    (`detached`: a leaf of its values, `.detach().requires_grad_()`, for a tensor with a history)."""
     if maker.location is None:
         return None
     tree = parse_fresh(source.text(maker.location))
@@ -309,18 +309,14 @@ def _attribute_store(trace: TraceData, source, cls: Optional[str], attr: str, ra
                 continue
             for method in node.body:
                 if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or not method.args.args or \
-                        (filename, _first_line(method)) not in ran:
+                        (filename, first_line(method)) not in ran:
                     continue
                 me = method.args.args[0].arg
                 found += [Location(filename, n.lineno, method.name, line_text(source, filename, n.lineno),
-                                   _first_line(method)) for n in ast.walk(method) if isinstance(n, ast.Assign)
+                                   first_line(method)) for n in ast.walk(method) if isinstance(n, ast.Assign)
                           and any(isinstance(t, ast.Attribute) and t.attr == attr and isinstance(t.value, ast.Name)
                                   and t.value.id == me for t in n.targets)]
     return found[0] if len(found) == 1 else None
-
-
-def _first_line(function) -> int:
-    return min([function.lineno] + [d.lineno for d in function.decorator_list])
 
 
 @words("needs-grad")
@@ -393,7 +389,7 @@ def _store_of(source, maker: OpRecord) -> Optional[Tuple[Location, str]]:
         return None
     file_tree = source.index.tree(where.filename)
     function = next((n for n in ast.walk(file_tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                     and _first_line(n) == where.scope), None) if file_tree is not None else None
+                     and first_line(n) == where.scope), None) if file_tree is not None else None
     if function is None:
         return None
     stores = sorted((n for n in ast.walk(function) if isinstance(n, ast.Assign) and n.lineno > where.line
@@ -468,8 +464,7 @@ def _not_a_parameter(trace: TraceData, source, op: Optional[OpRecord], at: Locat
     registered = _registration(source, at, attr) if attr else None
     return Finding("not-a-parameter", "not-a-parameter", op=op, at=at, saved_at=registered, subject=tid,
                    tids=tuple(t for t in (tid,) if t is not None),
-                   facts={"target": ast.unparse(stmt.targets[0]) if attr else None, "attr": attr,
-                          "grad_enabled": _grad_at(trace, at)})
+                   facts={"target": ast.unparse(stmt.targets[0]) if attr else None})
 
 
 def _registration(source, at: Location, attr: str) -> Optional[Location]:
@@ -486,13 +481,6 @@ def _registration(source, at: Location, attr: str) -> Optional[Location]:
                 and isinstance(node.value, ast.Call) and ast.unparse(node.value.func).rpartition(".")[2] == "Parameter":
             return Location(at.filename, node.lineno, "", line_text(source, at.filename, node.lineno))
     return None
-
-
-def _grad_at(trace: TraceData, at: Location) -> bool:
-    """The grad mode of the last op recorded at this line (True where none was)."""
-    last = next((o for o in reversed(trace.ops) if o.location is not None
-                 and (o.location.filename, o.location.line) == (at.filename, at.line)), None)
-    return last.grad_enabled if last is not None else True
 
 
 @words("not-a-parameter")
@@ -568,7 +556,7 @@ def _forward_of(source, cls: str) -> Optional[Location]:
                 forward = methods.get("forward")
                 if forward is not None and "setup_context" not in methods and forward.args.args:
                     found.append(Location(filename, forward.lineno, "forward",
-                                          line_text(source, filename, forward.lineno), _first_line(forward)))
+                                          line_text(source, filename, forward.lineno), first_line(forward)))
     return found[0] if len(found) == 1 else None
 
 
@@ -605,7 +593,7 @@ def _checkpoint(trace: TraceData, source, op: Optional[OpRecord], at: Location) 
         return None
     return Finding("checkpoint-incompatible", "reentrant-checkpoint", op=applied[0], saved=op,
                    tids=tuple(t for o in applied[:1] for t in o.outputs[:1]),
-                   facts={"calls": len(applied), "lines": sorted({o.location.line for o in applied})})
+                   facts={"lines": sorted({o.location.line for o in applied})})
 
 
 @words("reentrant-checkpoint")

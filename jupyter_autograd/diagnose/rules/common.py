@@ -105,7 +105,7 @@ def grad_off_decorator(trace: TraceData, source, op: OpRecord) -> Optional[Locat
     ran = [(o.location.filename, o.location.scope) for o in trace.ops[switch.index + 1:op.index + 1]
            if o.location is not None and o.location.scope]
     for filename, first in dict.fromkeys(ran):
-        found = _decorated(source, filename, lambda fn: _first_line(fn) == first)
+        found = _decorated(source, filename, lambda fn: first_line(fn) == first)
         if found is not None:
             return found
     callee = single_callee(switch.location.source)
@@ -122,7 +122,8 @@ def line_text(source, filename: str, line: int) -> str:
     return without_comment(source.index.line(filename, line)).strip()
 
 
-def _first_line(function) -> int:
+def first_line(function) -> int:
+    """The first line of a function's definition: its first decorator's, where it has one."""
     return min([function.lineno] + [d.lineno for d in function.decorator_list])
 
 
@@ -140,7 +141,7 @@ def _decorated(source, filename: str, wanted, unique: bool = False) -> Optional[
     if decorator is None:
         return None
     return Location(filename, decorator.lineno, function.name, line_text(source, filename, decorator.lineno),
-                    _first_line(function))
+                    first_line(function))
 
 
 def _switches_grad_off(decorator) -> bool:

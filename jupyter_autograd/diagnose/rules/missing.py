@@ -20,7 +20,7 @@ from ...source.rewrites import leaf_after_move, rebound_as_leaf, without_exit
 from ..findings import Finding, Words
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, code, starved_fix, where
 from ..wording import words
-from .common import backward_checkpoints
+from .common import backward_checkpoints, first_line
 from .cut_place import why_cut
 
 _UNUSED_INPUT = re.compile(r"[Dd]ifferentiated Tensors? (?:at index (\d+) )?appears? to not have been used in the graph")
@@ -98,7 +98,7 @@ def _assignment_between(trace: TraceData, source: Alignment, attr: str, after: i
         for function in ast.walk(tree):
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
-            first = min([function.lineno] + [d.lineno for d in function.decorator_list])
+            first = first_line(function)
             if (filename, first) not in ran:
                 continue
             for node in ast.walk(function):
