@@ -26,7 +26,7 @@ from ..model.queries import reachable
 from .compiled_graph import region_of, running_graph
 from .compiled_nan import KEEP, NanReplays, RegionInputs, replayable
 from .frames import USER, frame_kind
-from .records import OP_CODE, OP_ERR, OP_FUNC, OP_GRAD, OP_IN, OP_LINE, OP_OUT, OP_SEQ, OP_VA, OP_VB, OP_WR
+from .records import NODE_CHILDREN, NODE_NAME, OP_CODE, OP_ERR, OP_FUNC, OP_GRAD, OP_IN, OP_LINE, OP_OUT, OP_SEQ, OP_VA, OP_VB, OP_WR
 from .state import State, thread_state
 from .tensors import META_CREATED
 
@@ -222,8 +222,7 @@ def _replace(recorder, region, cls, first, last_write, args, result):
     graph = region.graph() if region.graph is not None else None
     if recorder.check_nan and graph is not None and rec[OP_SEQ] is not None:
         recorder.compiled.remember(rec[OP_SEQ], RegionInputs(graph, args, cls.metadata.num_mutated_inp_runtime_indices))
-    positions = [i for i, a in enumerate(args) if isinstance(a, _Tensor)]
-    cut = tuple(n for n, i in enumerate(positions) if i in region.no_grad)
+    cut = tuple(n for n, i in enumerate(arg_tids) if i in region.no_grad)  # arg_tids: the tensor arguments' positions
     _commit(recorder, region, first, last_write, rec, rows, plans, cut, base)
 
 
@@ -282,8 +281,8 @@ def _path(base, nested, region):
     (Dynamo inlines them: no module hook sees them)."""
     path = list(base)
     compiled_module = base[-1] if base else None
-    inner = compiled_module.__dict__.get("_modules", {}).get("_orig_mod") if compiled_module is not None else None
-    if type(compiled_module).__name__ == "OptimizedModule" and isinstance(inner, _Module):
+    inner = _inner_module(compiled_module)
+    if type(compiled_module).__name__ == "OptimizedModule" and inner is not None:
         compiled_module = inner  # torch.compile(model): the model's forward is the region
         path.append(inner)
     for root, names in nested:
@@ -303,8 +302,13 @@ def _call_name(region, base):
     if frame_kind(region.code.co_filename) == USER or not base:
         return region.name
     module = base[-1]
-    inner = module.__dict__.get("_modules", {}).get("_orig_mod")
-    return type(inner if isinstance(inner, _Module) else module).__name__
+    return type(_inner_module(module) or module).__name__
+
+
+def _inner_module(module):
+    """The model inside `torch.compile(model)`'s wrapper, read from its dict; None for another module."""
+    inner = module.__dict__.get("_modules", {}).get("_orig_mod") if module is not None else None
+    return inner if isinstance(inner, _Module) else None
 
 
 def _global_module(region, name):
@@ -328,9 +332,9 @@ def build_calls(recorder, trace):
             continue
         for key in range(seq[0], seq[1]):
             entry, node = recorder.graph.nodes.get(key), trace.nodes.get(key)
-            if entry is None or node is None or not str(entry[0]).startswith("CompiledFunctionBackward"):
+            if entry is None or node is None or not str(entry[NODE_NAME]).startswith("CompiledFunctionBackward"):
                 continue
-            children = entry[1]
+            children = entry[NODE_CHILDREN]
             drop = {children[i] for i in cut if i < len(children) and children[i] is not None}
             if drop:
                 node.inputs = [k for k in node.inputs if k not in drop]

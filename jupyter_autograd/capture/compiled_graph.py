@@ -299,9 +299,7 @@ def _func_of(node):
             return target, getattr(target, "__name__", "").endswith("_") and not \
                 getattr(target, "__name__", "").endswith("__")
         return target, False
-    if node.op == "call_module":
-        return None, False  # Dynamo inlines modules; what it keeps whole is not one of ours
-    return None, False
+    return None, False  # call_module too: Dynamo inlines modules; what it keeps whole is not one of ours
 
 
 def _module_paths(stack):
