@@ -11,6 +11,11 @@ from ...source.index import without_comment
 from ...source.naming import single_callee
 from ...source.statements import dotted
 
+# Ops whose only purpose is to drop the graph.
+STOP_GRADIENT = {"detach", "detach_", "data"}
+# A sum or difference of two values (a term added to a loss), by the op's short name.
+ADDS = {"add", "add_", "sub", "sub_", "rsub", "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__"}
+
 
 def name(trace: TraceData, tid: Optional[int]) -> Optional[str]:
     """The tensor's name, or None (never a description)."""

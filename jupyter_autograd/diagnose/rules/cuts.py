@@ -13,22 +13,20 @@ import ast
 from typing import List, Optional
 
 from ...model import FREEZE_SETTER, Checkpoint, OpRecord, TraceData
-from ...model.queries import (ancestors, exit_before, is_cut, made_from_values, reachable)
+from ...model.queries import ancestors, exit_before, is_cut, made_from_values, reachable, requires_grad
 from ...source.index import parse_fresh, parse_statement
 from ...source.rewrites import without_exit
 from ..findings import Finding, Words
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, code, where
 from ..wording import words
-from .common import backward_checkpoints, name
+from .common import ADDS, STOP_GRADIENT, backward_checkpoints, name
 from .cut_place import cut_fix, place_cut, where_at, why_cut
 from .starved import starved_terms
 
 NO_GRAD_FN = "does not require grad and does not have a grad_fn"
 _SETS_REQUIRES_GRAD = {"Tensor.requires_grad_", FREEZE_SETTER}
 # Ops whose only purpose is to stop the gradient: a term cut by one was cut on purpose.
-_STOP_GRADIENT = {"detach", "detach_", "data"}
 # Ops that add their inputs: a loss made of terms.
-_ADDS = {"add", "add_", "sub", "sub_", "rsub", "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__"}
 
 
 def graph_cut(trace: TraceData, source) -> List[Finding]:
@@ -111,7 +109,7 @@ def _dead_terms(trace: TraceData, source) -> List[Finding]:
     out, judged, reached = [], set(), {}
     backwards = [cp for cp in backward_checkpoints(trace) if trace.ops[cp.op_index].error is None and cp.roots]
     for op in trace.ops:
-        if op.name.rpartition(".")[2] not in _ADDS or op.is_backward or op.node is None or op.location is None \
+        if op.name.rpartition(".")[2] not in ADDS or op.is_backward or op.node is None or op.location is None \
                 or not any(_scalar_requiring_grad(trace, t) for t in op.outputs):
             continue
         for position, term in enumerate(op.inputs):
@@ -132,7 +130,7 @@ def _dead_terms(trace: TraceData, source) -> List[Finding]:
             # The cuts on its history: ops that made a tensor it came from, or took out the values of one.
             cuts = [o for o in trace.ops[:op.index] if is_cut(trace, o) and not _reads_only_the_layout(o)
                     and any(t in sources for t in (o.outputs or o.inputs))]
-            if not cuts or any(o.name.rpartition(".")[2] in _STOP_GRADIENT for o in cuts):
+            if not cuts or any(o.name.rpartition(".")[2] in STOP_GRADIENT for o in cuts):
                 continue  # `.detach()` on the way says the term is meant to carry no gradient
             cut, at, facts = place_cut(trace, source, cuts[0])
             facts["added_at"] = op.location.line
@@ -268,14 +266,14 @@ def _find_cut(trace: TraceData, root: int, before: int):
     setting = [op for op in trace.ops[:before] if op.name in _SETS_REQUIRES_GRAD]
     set_on = {t for op in setting for t in op.inputs}
 
-    def requires_grad(info):
+    def required(info):
         if info.alive:
             return info.requires_grad
         return info.first_requires_grad and info.tid not in set_on
 
     leaves = [trace.tensors[t] for t in found if t in trace.tensors and trace.tensors[t].is_leaf]
-    frozen = [info.tid for info in leaves if info.owner and not requires_grad(info)]
-    if frozen and not any(requires_grad(info) for info in leaves):
+    frozen = [info.tid for info in leaves if info.owner and not required(info)]
+    if frozen and not any(required(info) for info in leaves):
         freezing = [op for op in setting if any(t in op.inputs for t in frozen)]
         uses = [op for op in trace.ops[:before] if any(t in op.inputs for t in frozen)]
         # Where it was frozen, if a recorded call did it; else the forward that used it (not the
@@ -291,16 +289,11 @@ def _find_cut(trace: TraceData, root: int, before: int):
     # A derivative (autograd.grad, whose results the walk does not go through) that came back without a
     # graph while what it differentiated had one: the chain ends there.
     derivative = [op for op in trace.ops[:before] if op.is_backward and op.error is None and
-                  any(t in found and not _requires(trace, t) for t in op.outputs) and
-                  any(_requires(trace, t) for t in op.inputs)]
+                  any(t in found and not requires_grad(trace, t) for t in op.outputs) and
+                  any(requires_grad(trace, t) for t in op.inputs)]
     if derivative:
         return derivative[-1], "no-graph"
     return None, "data"
-
-
-def _requires(trace: TraceData, tid: int) -> bool:
-    info = trace.tensors.get(tid)
-    return info is not None and info.first_requires_grad
 
 
 def _asked_for_graph(trace: TraceData, source, op: OpRecord) -> Optional[bool]:

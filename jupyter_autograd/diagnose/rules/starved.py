@@ -35,7 +35,7 @@ from ...source.index import parse_statement
 from ..findings import Finding, Words
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, code, line_ref
 from ..wording import words
-from .common import backward_checkpoints
+from .common import ADDS, STOP_GRADIENT, backward_checkpoints
 from .cut_place import cut_fix, place_cut, where_at, why_cut
 
 # Ops whose result is a sum of their tensor inputs' elements (or a part of them): a term passes
@@ -49,12 +49,10 @@ _SUMS = {"add", "add_", "sub", "sub_", "rsub", "__add__", "__radd__", "__iadd__"
 _PRODUCTS = {"mul", "mul_", "__mul__", "__rmul__", "__imul__", "multiply"}
 # Quotients: linear in the numerator when the divisor does not require grad.
 _QUOTIENTS = {"div", "div_", "__truediv__", "__itruediv__", "true_divide", "divide"}
-# Ops whose only purpose is to drop the graph.
-_STOP_GRADIENT = {"detach", "detach_", "data"}
 # Sums that may have had a Python number as an operand (recorded with one tensor input).
-_NUMBER_SUMS = {"add", "add_", "sub", "sub_", "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__"}
+_NUMBER_SUMS = ADDS - {"rsub"}
 _BACKWARDS = {"Tensor.backward", "torch.autograd.backward"}
-_FLOATS = ("float", "double", "half", "bfloat16", "complex")
+_FLOATS = ("float", "bfloat16", "complex")  # dtypes are recorded as float16/32/64
 _MAX_TERMS = 64
 
 
@@ -101,7 +99,7 @@ def starved_terms(trace: TraceData, source, taken: Set[Tuple[Optional[str], Opti
             named = next((t for t in cut_op.outputs if trace.tensors.get(t) is not None and trace.tensors[t].name), None)
             if not (trace.tensors.get(carried) is not None and trace.tensors[carried].name) and named is not None:
                 carried = named  # the value the cut made, by the name the user gave it
-            facts.update(backward=backward, steps=steps, starved=sorted(starved), term=term, number=number,
+            facts.update(backward=backward, steps=steps, starved=sorted(starved), number=number,
                          others=sorted(view.leaves(graph) - trained) if graph is not None else [],
                          stale=_stale(trace, view, cut_op, backward, since))
             out.append(Finding("graph-cut", "starved", op=op, at=at, subject=carried,
@@ -154,7 +152,7 @@ class _View:
         """The grad_fn (or, for a leaf that requires grad, its AccumulateGrad) of `tid` just before op
         `before`; None when it did not require grad then."""
         info = self.trace.tensors.get(tid)
-        if info is not None and info.is_leaf and info.first_requires_grad:
+        if _is_parameter(self.trace, tid):
             return -1 - tid  # a parameter: its writes under no_grad (the steps) leave it a leaf
         at = before
         while True:
@@ -165,9 +163,7 @@ class _View:
                                         (info is not None and info.first_requires_grad)):
                 return op.node  # made with a graph, or written in place by an op that recorded a node
             if tid in op.outputs and tid not in op.inputs and tid not in op.writes:
-                if info is not None and info.is_leaf and info.first_requires_grad:
-                    return -1 - tid  # a leaf made here (a parameter built in the block)
-                return None
+                return None  # made here without a graph (a leaf made here returned above)
             at = op.index  # a write without a node (an initialisation, a step) keeps what it had
 
     def reaches(self, node: int, targets: Set[int]) -> bool:
@@ -285,17 +281,14 @@ class _View:
             for t in op.inputs:
                 if t not in found and self.node(t, op.index) is not None:
                     found.add(t)
-        for t in found:
-            info = self.trace.tensors.get(t)
-            if info is not None and info.is_leaf and info.first_requires_grad:
-                leaves.add(t)
+        leaves.update(t for t in found if _is_parameter(self.trace, t))
         return leaves
 
     def _drops(self, op: OpRecord) -> bool:
         """A cut that can be taken away: `.detach()`, `.data`, a value taken out as Python numbers, an op
         run with grad off (not inside a custom Function's forward, which the call runs so)."""
         short = op.name.rpartition(".")[2]
-        if short in _STOP_GRADIENT or is_exit(op):
+        if short in STOP_GRADIENT or is_exit(op):
             return True
         return not op.grad_enabled and bool(op.outputs) and self.calls.enclosing(op) is None
 
@@ -439,7 +432,7 @@ def _fix(trace: TraceData, f: Finding) -> str:
                     _short(trace.tensor_label(facts["backward"].inputs[0])), _step_call(stale)))
     src = op.location.source if op.location else ""
     if facts["number"] is not None or is_exit_in(src):
-        taken, added = facts["number"] if facts["number"] is not None else (op, None)
+        added = facts["number"][1] if facts["number"] is not None else None
         kept = "where it is added to the loss%s" % (" (%s)" % line_ref(added) if added is not None else "")
         return ("%s keep the term a tensor %s, and take its value out (`.item()`) only where it is reported "
                 "or kept: a number added to a loss is a constant, and a tensor kept with its graph holds that "
@@ -447,7 +440,7 @@ def _fix(trace: TraceData, f: Finding) -> str:
     if _draws(f):
         return ("Draw the sample with the reparameterization trick, so that its value keeps the graph of the "
                 "distribution's parameters. %s\n%s" % (REPLACE, code(src.replace(".sample(", ".rsample("))))
-    fix = cut_fix(op, facts["why"] if facts["why"] != "op" else "op", facts)
+    fix = cut_fix(op, facts["why"], facts)
     replaced = fix.split("\n", 1)[1].strip() if REPLACE in fix else None
     if replaced is not None and _assigns_itself(replaced):
         return "Delete the culprit line: it only cuts the chain, and `%s` keeps its graph without it." % \
