@@ -325,8 +325,9 @@ def test_a_finite_forward_pass_is_read_not_assumed():
 
 def test_a_loss_that_is_nan_where_the_tool_cannot_read_it_is_said_to_be_unread():
     """Off the CPU the values are not read inside the block (a sync): the loss's finiteness comes with
-    the norms at the end, and the first non-finite forward line is not traced; the words then say where
-    the loss was made and how to find that line."""
+    the norms at the end, and where the tensors of the forward pass are gone by then the first
+    non-finite forward line is not found; the words then say where the loss was made and how to find
+    that line."""
     from jupyter_autograd.diagnose.rules.nan import nan_gradient
     from jupyter_autograd.diagnose.wording import worded
 
@@ -340,3 +341,24 @@ def test_a_loss_that_is_nan_where_the_tool_cannot_read_it_is_said_to_be_unread()
     assert f.reason == "nan-in-forward" and f.op.location.source == "loss = (logs * 0).sum()"
     words = worded(trace, f)
     assert "torch.isfinite" in words.fix and "already held NaN or Inf" in words.message
+
+
+def test_off_the_cpu_a_nan_loss_is_traced_to_its_forward_line_when_the_block_ends(monkeypatch):
+    """On a GPU the loss's norm stays a device tensor until the block ends (reading it inside would
+    synchronise): the first forward line that left the finite numbers is then looked for among the
+    tensors still alive, and is the line named on the CPU, where it is read at once (the scenario's
+    own culprit, checked by judge)."""
+    import pathlib
+
+    from tests import scenario_runner as runner
+
+    original = nan_watch._norms
+
+    def as_on_a_gpu(grads):  # norms kept as 0-d tensors, as a device's are
+        return [(tid, torch.tensor(norm, dtype=torch.float64) if type(norm) is float else norm)
+                for tid, norm in original(grads)]
+
+    sc = runner.load(str(pathlib.Path(__file__).parent / "scenarios" / "nan_loss_from_a_masked_class.py"))
+    on_cpu = runner.judge(sc)
+    monkeypatch.setattr(nan_watch, "_norms", as_on_a_gpu)
+    assert runner.judge(sc) == on_cpu == "nan-gradient at line 15"

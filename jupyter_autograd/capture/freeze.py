@@ -154,6 +154,14 @@ def _read_gradient_norms(recorder, frozen):
     after_calls, root_values = read[:len(checked)], read[len(checked):]
     frozen.roots_finite = {index: all(math.isfinite(norm) for _, norm in norms)
                            for (index, _), norms in zip(roots, root_values)}
+    for (index, kept), norms in zip(roots, root_values):
+        # A loss on a device was not read when its backward ran (a sync): the forward line that first
+        # left the finite numbers is looked for now, among the tensors still alive.
+        if (not frozen.roots_finite[index] and index not in recorder.backward.nonfinite_forward
+                and any(type(norm) is not float for _, norm in kept)):
+            first = nan_watch.first_nonfinite(recorder.ops[:index], recorder.tensors, any_device=True)
+            if first is not None:
+                recorder.backward.nonfinite_forward[index] = first
     for (index, _), norms in zip(checked, after_calls):
         for t_id, norm in norms:
             if not math.isfinite(norm):

@@ -89,32 +89,38 @@ def _norms(grads):
     return out
 
 
-def first_nonfinite(records, table):
-    return _unseen(lambda: _first_nonfinite(records, table))
+def first_nonfinite(records, table, any_device=False):
+    return _unseen(lambda: _first_nonfinite(records, table, any_device))
 
 
-def _first_nonfinite(records, table):
+def _first_nonfinite(records, table, any_device=False):
     """The index of the first op among `records` (op records, in order) whose output, still alive and
     holding what that op left in it, holds a NaN or an Inf: where the forward pass first left the
     finite numbers (a `-inf` fill, a log of 0), or None. A tensor written in place later (itself or
     through a view of the memory it shares) holds what the last write left: that write is its op.
-    CPU tensors only: reading a device's would wait for it."""
+    CPU tensors only, read one by one: reading a device's would wait for it. With `any_device` (at
+    the block's end, where one wait is allowed) every device's, their flags read in one copy per device."""
     refs = table.refs
     last_write = {}  # the tensor whose memory a written tensor views (the end of its bases) -> the last op writing it
     for index, rec in enumerate(records):
         for t_id, _ in rec[OP_WR] or ():
             last_write[table.root(t_id)] = index
+    flags = {}  # device -> [(op index, 0-d flag: all finite)]
     for index, rec in enumerate(records):
         for t_id in rec[OP_OUT]:
             if last_write.get(table.root(t_id), index) > index:
                 continue  # what it holds now, a later write left
             t = refs[t_id]() if t_id < len(refs) else None
-            if t is None or not t.is_cpu or t.layout is not _STRIDED or t.is_nested or not (
+            if t is None or not (t.is_cpu or any_device) or t.layout is not _STRIDED or t.is_nested or not (
                     t.is_floating_point() or t.is_complex()):
                 continue
-            if not bool(torch.isfinite(t.detach()).all()):
+            if any_device:
+                flags.setdefault(t.device, []).append((index, torch.isfinite(t.detach()).all()))
+            elif not bool(torch.isfinite(t.detach()).all()):
                 return index
-    return None
+    found = [index for entries in flags.values()
+             for (index, _), finite in zip(entries, torch.stack([flag for _, flag in entries]).tolist()) if not finite]
+    return min(found) if found else None
 
 
 def _foreach_norms(tensors, dtype):
