@@ -287,6 +287,30 @@ def test_numpy_of_a_model_output_names_the_line_and_where_its_history_began(tmp_
     assert runs(tmp_path / "fixed.py", with_line(source, raising, replacement(d.fix)))
 
 
+def test_numpy_of_a_copy_to_another_device_or_dtype_names_the_tensor_copied(tmp_path):
+    """`array.cpu().numpy()` of a tensor on a GPU hands NumPy a copy that `.cpu()` made (on the CPU,
+    `.cpu()` returns the tensor itself): the copy holds the same values and history, so it is named
+    as the tensor it copies, on every device. A dtype copy is that copy on this machine."""
+    source = """
+        import torch
+
+
+        def plot(*arrays):
+            for array in arrays:
+                array = array%s.numpy()
+
+
+        w = torch.randn(3, requires_grad=True)
+        plot(w * 2, w + 1)
+    """
+    names = []
+    for k, copy in enumerate(("", ".cpu()", ".double()", ".to(torch.float64).cpu()")):
+        d, path = diagnosed(tmp_path, source % copy, "grad-to-numpy", name="program%d.py" % k)
+        assert d.line == lines(path, "array = array%s.numpy()" % copy)[0]
+        names.append(d.tensor)
+    assert names == ["array"] * 4
+
+
 def test_deepcopy_of_a_module_that_stored_its_output_names_the_store(tmp_path):
     source = """
         import copy

@@ -118,16 +118,31 @@ def _numpy(trace: TraceData, source, op: Optional[OpRecord], at: Location) -> Op
                    subject=tid, tids=(tid,), facts={"began": began, "spelled": name})
 
 
+# Calls that return a copy of their tensor with the same values and history, on another device or in
+# another dtype (on the CPU, `.cpu()` returns the tensor itself).
+_COPIES = frozenset(("Tensor.cpu", "Tensor.cuda", "Tensor.to", "Tensor.double", "Tensor.float", "Tensor.half",
+                     "Tensor.bfloat16", "Tensor.type", "Tensor.contiguous", "Tensor.clone"))
+
+
 def _spelled(trace: TraceData, source, op: OpRecord, tid: int) -> Optional[str]:
     """The expression op's statement uses for tensor `tid`: at op, or at the first op of the same run of
-    the statement that took it (`array.cpu().numpy()`: `.cpu()` of a tensor on the CPU returns it)."""
+    the statement that took it (`array.cpu().numpy()`: `.cpu()` of a tensor on the CPU returns it). A copy
+    that the statement made (`.cpu()` of a tensor on a GPU, `.double()`) goes by the tensor it copies,
+    as it does where the call returns that tensor itself."""
     if op.location is None:
         return None
-    for other in [o for o in source.same_statement(op) if o.index < op.index and tid in o.inputs] + [op]:
-        name = spelled(trace, source, other, tid)
-        if name is not None:
-            return name
-    return None
+    before = [o for o in source.same_statement(op) if o.index < op.index]
+    candidates = [o for o in before if tid in o.inputs] + [op]
+    while True:
+        for other in candidates:
+            name = spelled(trace, source, other, tid)
+            if name is not None:
+                return name
+        copy = next((o for o in before if tid in o.outputs and o.name in _COPIES and o.inputs), None)
+        if copy is None:
+            return None
+        tid = copy.inputs[0]
+        candidates = [o for o in before if tid in o.inputs]
 
 
 def _history_began(trace: TraceData, tid: int, before: int) -> Optional[OpRecord]:
