@@ -267,10 +267,11 @@ def byte_range(t):
     """The bytes of memory a tensor spans (start, end): overlap finds writes through any alias."""
     try:
         start = t.data_ptr()
-        if start == 0 or t.device.type == "meta":
+        if start == 0 or t.is_meta:
             return None  # no real storage (meta tensors, empty allocations): nothing to overlap
         if t.is_contiguous():
-            return (start, start + t.nbytes) if t.nbytes else None
+            nbytes = t.nbytes
+            return (start, start + nbytes) if nbytes else None
         if t.numel() == 0:
             return None
         extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
