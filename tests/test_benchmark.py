@@ -92,6 +92,21 @@ def test_quick_gpu_benchmark_reports_both_steps_at_their_real_op_counts_with_whe
         assert {"graph walks (before each backward, at the end)", "gradient norms", "building the trace",
                 "the diagnoses", "per-op path (the rest)"} <= set(phases)
         assert all(math.isfinite(ms) for ms in phases.values())
-        assert row["syncs"] is None  # counted on CUDA only
+        assert row["syncs"] is None and row["memory"] is None  # counted and measured on CUDA only
     assert "--quick is a smoke test" in proc.stdout and "where the added time goes" in proc.stdout
     assert not re.search(r"^\s+(met|MISSED)\s", proc.stdout, re.M)
+
+
+def test_the_cuda_parity_script_compares_every_scenario_when_run_against_the_cpu(tmp_path):
+    """benchmarks/cuda_parity.py, run here with the CPU as the other device (torch's default-device mode
+    on the stack): every scenario compared, the same problems found both ways. On CUDA it is run by hand."""
+    out = tmp_path / "parity.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cuda_parity.py"), "--device", "cpu", "--json",
+                           str(out), str(ROOT / "tests" / "scenarios")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = json.loads(out.read_text())
+    compared = [p for p in (ROOT / "tests" / "scenarios").glob("*.py") if "torch.distributed" not in p.read_text()]
+    assert results["counts"] == {"same": len(compared), "different": 0, "not portable": 0, "changed outcome": 0}
+    refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cuda_parity.py")], capture_output=True,
+                             text=True, timeout=600)
+    assert refused.returncode == 2 and "no CUDA device here" in refused.stderr
