@@ -358,6 +358,49 @@ def test_weight_norm_is_replaced_by_its_parametrization(tmp_path):
     assert runs(tmp_path / "fixed.py", with_line(source, made, replacement(d.fix)))
 
 
+def test_weight_norm_imported_by_its_own_name_is_replaced_by_its_parametrization(tmp_path):
+    """The fix follows the op that made the weight (`torch._weight_norm`), not one spelling of the call:
+    `from torch.nn.utils import weight_norm` gets the same fix as `nn.utils.weight_norm`, and it runs."""
+    source = """
+        import copy
+        import warnings
+
+        import torch
+        from torch import nn
+        from torch.nn.utils import weight_norm
+
+        warnings.simplefilter("ignore")
+        layer = weight_norm(nn.Linear(3, 2))
+        twin = copy.deepcopy(layer)
+    """
+    d, path = diagnosed(tmp_path, source, "nonleaf-copied")
+    [made] = lines(path, "layer = weight_norm(nn.Linear(3, 2))")
+    assert d.line == made
+    assert replacement(d.fix) == "layer = torch.nn.utils.parametrizations.weight_norm(nn.Linear(3, 2))"
+    assert runs(tmp_path / "fixed.py", with_line(source, made, replacement(d.fix)))
+
+
+def test_weight_norm_recomputed_by_a_forward_still_points_to_its_parametrization(tmp_path):
+    """After a forward, weight_norm's hook made the weight at the line that called the module: no line there
+    to rewrite, but the fix still names the parametrization version, and the program that applies it copies."""
+    source = """
+        import copy
+        import warnings
+
+        import torch
+        from torch import nn
+
+        warnings.simplefilter("ignore")
+        layer = nn.utils%s.weight_norm(nn.Linear(3, 2))
+        y = layer(torch.randn(1, 3))
+        twin = copy.deepcopy(layer)
+    """
+    d, path = diagnosed(tmp_path, source % "", "nonleaf-copied")
+    assert d.line == lines(path, "y = layer(torch.randn(1, 3))")[0]
+    assert "`torch.nn.utils.parametrizations.weight_norm`" in d.fix and replacement(d.fix) is None
+    assert runs(tmp_path / "fixed.py", textwrap.dedent(source % ".parametrizations"))
+
+
 def test_a_parameter_assigned_a_tensor_names_the_assignment_and_the_parameter(tmp_path):
     source = """
         import torch

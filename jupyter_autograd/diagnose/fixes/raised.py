@@ -6,6 +6,7 @@ checkpointing under .grad()."""
 from __future__ import annotations
 
 import ast
+import re
 from typing import Optional
 
 from ...model import OpRecord
@@ -69,12 +70,24 @@ def no_grad_cut_fix(name: Optional[str]) -> str:
             "graph (a helper written for evaluation needs a twin that records one)." % (NO_ONE_LINE_FIX, shown))
 
 
-def nonleaf_copied_fix(src: str, stored: Optional[str]) -> str:
-    """copy.deepcopy of a tensor with a history."""
-    if "utils.weight_norm(" in src and src.count("weight_norm(") == 1:
-        rewritten = src.replace("utils.weight_norm(", "utils.parametrizations.weight_norm(")
+_WEIGHT_NORM_OP = "torch._weight_norm"  # the op by which torch.nn.utils.weight_norm computes `weight`
+
+
+def nonleaf_copied_fix(src: str, stored: Optional[str], maker: str = "") -> str:
+    """copy.deepcopy of a tensor with a history; `maker`: the name of the op that made it."""
+    rewritten = None
+    if maker == _WEIGHT_NORM_OP and src.count("weight_norm(") == 1:
+        if "utils.weight_norm(" in src:
+            rewritten = src.replace("utils.weight_norm(", "utils.parametrizations.weight_norm(")
+        elif re.search(r"(?<![\w.])weight_norm\(", src):  # imported by its own name
+            rewritten = re.sub(r"(?<![\w.])weight_norm\(", "torch.nn.utils.parametrizations.weight_norm(", src)
+    if rewritten is not None:
         return ("Use the parametrization version of weight normalization: it computes `weight` when it is read, so "
                 "the module holds only leaves and copies. %s\n%s" % (REPLACE, code(rewritten)))
+    if maker == _WEIGHT_NORM_OP:  # made by the hook that weight_norm installs, at the call of the module
+        return ("%s where weight normalization is applied to the module, use its parametrization version, "
+                "`torch.nn.utils.parametrizations.weight_norm`: it computes `weight` when it is read, so the module "
+                "holds only leaves and copies." % NO_ONE_LINE_FIX)
     if stored:
         return ("%s keep on the object only what copies: store `%s` detached where only its value is needed later "
                 "(`.detach()`), or clear it (set it to None) before the object is copied." % (NO_ONE_LINE_FIX, stored))

@@ -430,7 +430,7 @@ def _nonleaf_copied_words(trace: TraceData, f: Finding) -> Words:
             where(maker), shown(name) if name and not is_description(name) else "a tensor", maker.name, history)
     message = ("%s. copy.deepcopy copies only leaves, tensors without a history, and it met this one. PyTorch "
                "raised: \"%s\"" % (what, raised(f.saved.error)))
-    return Words(message, nonleaf_copied_fix(maker.location.source if maker.location else "", stored), name)
+    return Words(message, nonleaf_copied_fix(maker.location.source if maker.location else "", stored, maker.name), name)
 
 
 # -- nonleaf-optimized ----------------------------------------------------------------------------
