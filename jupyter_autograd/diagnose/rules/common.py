@@ -49,6 +49,12 @@ def shown(label: Optional[str]) -> str:
     return "`%s`" % label if label and re.fullmatch(r"[A-Za-z_]\w*(?:\.\w+)*", label) else (label or "")
 
 
+def in_backticks(names, limit: int = 8) -> str:
+    """Up to `limit` names, each in backticks, then how many more there are: `a`, `b` and 3 more."""
+    said = ["`%s`" % n for n in names[:limit] if n]
+    return ", ".join(said) + (" and %d more" % (len(names) - limit) if len(names) > limit else "")
+
+
 def op_words(op: OpRecord, missing: str = "") -> str:
     """An op's name for a sentence: `torch.unique`; an op whose function has no name of its own (a
     dispatching wrapper) by PyTorch's internal name for it."""

@@ -20,7 +20,7 @@ from ...source.rewrites import leaf_after_move, rebound_as_leaf, without_exit
 from ..findings import Finding, Words
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, code, starved_fix, where
 from ..wording import words
-from .common import backward_checkpoints, first_line
+from .common import backward_checkpoints, first_line, in_backticks
 from .cut_place import why_cut
 
 _UNUSED_INPUT = re.compile(r"[Dd]ifferentiated Tensors? (?:at index (\d+) )?appears? to not have been used in the graph")
@@ -390,12 +390,12 @@ def _cut_parameters(trace: TraceData, already) -> List[Finding]:
             found.tids = tuple(dict.fromkeys(found.tids + (info.tid,)))
     if unused:
         trace.notes.append("Not used on the way to the loss in this block, so no gradient (by design, as an "
-                           "unrouted expert, or not: check): %s." % _listing(unused))
+                           "unrouted expert, or not: check): %s." % in_backticks(unused))
     if frozen:
-        trace.notes.append("Frozen on purpose (requires_grad=False), so no gradient: %s." % _listing(frozen))
+        trace.notes.append("Frozen on purpose (requires_grad=False), so no gradient: %s." % in_backticks(frozen))
     if grad_off:
         trace.notes.append("Used only with gradient recording off (`torch.no_grad()`, `set_grad_enabled(False)`, "
-                           "inference mode), so not trained in this block: %s." % _listing(grad_off))
+                           "inference mode), so not trained in this block: %s." % in_backticks(grad_off))
     return list(by_cut.values())
 
 
@@ -412,10 +412,5 @@ def _starved(trace: TraceData, f: Finding) -> Words:
     others = [trace.tensor_label(t) for t in f.facts["others"]]
     others = [n for n in others if n]
     if others:
-        message += " The same cut also starves %s." % _listing(others)
+        message += " The same cut also starves %s." % in_backticks(others)
     return Words(message, fix, tensor, tuple(others))
-
-
-def _listing(names: List[Optional[str]]) -> str:
-    shown = ["`%s`" % n for n in names[:8] if n]
-    return ", ".join(shown) + (" and %d more" % (len(names) - 8) if len(names) > 8 else "")

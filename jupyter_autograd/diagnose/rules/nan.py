@@ -16,7 +16,7 @@ from ...model import TraceData
 from ..findings import Finding, Words
 from ..fixes import NO_ONE_LINE_FIX, line_ref, where
 from ..wording import words
-from .common import made, name
+from .common import in_backticks, made, name
 
 _CAUSES = {
     "Sqrt": ("result", "zeros", "the square root of 0 at {n} of {total} positions: its derivative 1/(2*sqrt(x)) is "
@@ -90,7 +90,7 @@ def _in_forward(trace: TraceData, f: Finding) -> Words:
         message = ("`%s` already held NaN or Inf when backward started from it on %s: the forward pass made it, "
                    "and backward carried it into the gradient of %s. %s. An optimizer step with these gradients "
                    "turns the weights into NaN."
-                   % (root, line_ref(backward), _listing(gradients), first[:1].upper() + first[1:]))
+                   % (root, line_ref(backward), in_backticks(gradients), first[:1].upper() + first[1:]))
         fix = ("%s make the forward values finite where %s makes NaN or Inf: a log or a division of 0, a softmax "
                "over a row masked entirely with -inf (fill with a large negative number such as "
                "`torch.finfo(x.dtype).min`, or keep one position unmasked), 0 * inf from a masked value."
@@ -99,7 +99,7 @@ def _in_forward(trace: TraceData, f: Finding) -> Words:
         message = ("`%s`%s already held NaN or Inf when backward started from it on %s: the forward pass made it, "
                    "and backward carried it into the gradient of %s. An optimizer step with these gradients turns "
                    "the weights into NaN." % (root, " (%s)" % where(op) if op is not None else "", line_ref(backward),
-                                              _listing(gradients)))
+                                              in_backticks(gradients)))
         fix = ("%s find the first forward line whose result holds NaN or Inf (`torch.isfinite(t).all()` after each, "
                "or run the block on the CPU, where the tool names it) and make its values finite there."
                % NO_ONE_LINE_FIX)
@@ -110,7 +110,7 @@ def _in_forward(trace: TraceData, f: Finding) -> Words:
 def _after_backward(trace: TraceData, f: Finding) -> Words:
     names = [trace.tensor_label(t) for t in f.tids]
     message = ("After %s, the gradient of %s holds NaN or Inf values. An optimizer step with it turns the weights "
-               "into NaN." % (line_ref(f.op), _listing(names)))
+               "into NaN." % (line_ref(f.op), in_backticks(names)))
     fix = ("%s run the block with capture(check_nan=True) (`%%%%autograd --nan` in a notebook) to find the "
            "forward line whose backward made the first NaN/Inf and the input values that caused it; it costs less "
            "than `torch.autograd.detect_anomaly()` with check_nan." % NO_ONE_LINE_FIX)
@@ -148,8 +148,3 @@ def _at_node(trace: TraceData, f: Finding) -> Words:
                   " on %s" % line_ref(backward) if backward is not None else "", node_name,
                   where(op) if op is not None else "an operation", " (`%s`)" % tensor if tensor else "", what))
     return Words(message, fix, tensor)
-
-
-def _listing(names) -> str:
-    shown = ["`%s`" % n for n in names[:8] if n]
-    return ", ".join(shown) + (" and %d more" % (len(names) - 8) if len(names) > 8 else "")
