@@ -25,6 +25,7 @@ _CAPTURE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # session's (the `with` statement's __enter__ and __exit__).
 OWN_FRAMES = (_CAPTURE_DIR, os.path.join(_OWN_DIR, "session.py"))
 _OVERRIDES_FILE = os.path.abspath(torch.overrides.__file__)
+WRAPPED_CALL_CODE = torch.nn.Module._wrapped_call_impl.__code__  # the frame every module call passes through
 
 USER, INTERNAL, LIBRARY = 0, 1, 2  # what kind of code a frame runs: frame_kind
 _CO_OPTIMIZED = 0x0001
@@ -76,13 +77,24 @@ class UserLines:
             self.user_globals.setdefault(id(frame.f_globals), frame.f_globals)
         return entry
 
-    def user_line(self, frame):
+    def user_line(self, frame, calls=None):
         """(code, line) of the innermost frame of the user's own code from `frame` outwards; else of
-        the innermost library frame (a library's own entry point); else (None, 0)."""
+        the innermost library frame (a library's own entry point); else (None, 0).
+
+        `calls`: id(frame) -> (code, line, kind) of the module calls running now (ModuleCalls.above),
+        each for the frame of its `_wrapped_call_impl`: what lies above that frame was resolved when
+        the call began, and stays so while it runs (its callers wait at their lines). A walk from
+        an op in a library model (HF's GPT-2: 26 frames) stops at the innermost module call."""
         library = None
         kinds = self.kinds
         while frame is not None:
             code = frame.f_code
+            if code is WRAPPED_CALL_CODE and calls:
+                above = calls.get(id(frame))
+                if above is not None:
+                    if library is None or above[2] == USER:
+                        return above[0], above[1]
+                    return library.f_code, library.f_lineno
             entry = kinds.get(id(code)) or self._first_meeting(frame)
             kind = entry[1]
             if not kind:

@@ -273,8 +273,8 @@ class Recorder(RecordingMode):
                             t_id = register(out, index, alias_of)
                         out_ids.append(t_id)
                     outputs = tuple(out_ids)
-        code, line = self.lines.user_line(_getframe(2))
         modules = self.modules
+        code, line = self.lines.user_line(_getframe(2), modules.above)
         if modules.path:
             modules.op_modules[index] = modules.path
         in_ids = []

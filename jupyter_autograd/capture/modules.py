@@ -10,23 +10,26 @@ from __future__ import annotations
 import sys
 
 import torch
-from torch.nn.modules import module as _nn_module
 
 from .compiling import is_compiling as _is_compiling
+from .frames import WRAPPED_CALL_CODE as _WRAPPED_CALL_CODE
 from .frames import call_columns, frame_kind, place
 from .state import thread_state
 
 _Tensor = torch.Tensor
 _SEQUENCES = (list, tuple)
 _getframe = sys._getframe
-_WRAPPED_CALL_CODE = _nn_module.Module._wrapped_call_impl.__code__
 
 
 class ModuleCalls:
-    __slots__ = ("path", "modules", "call_sites", "op_modules", "open_calls", "user_calls")
+    __slots__ = ("path", "modules", "call_sites", "op_modules", "open_calls", "user_calls", "above", "call_frames")
 
     def __init__(self):
         self.path = ()           # the nn.Modules whose forward is running, outermost first
+        # For each module call in `path`: the id of its `_wrapped_call_impl` frame (or None), and for
+        # those ids, the user's line above that frame (frames.UserLines.user_line's `calls`).
+        self.call_frames = []
+        self.above = {}
         self.modules = {}        # id(module) -> module, for naming at the end of the block
         self.call_sites = {}     # id(outermost module) -> (filename, line, columns or None) of the user's call
         self.op_modules = {}     # op index -> module path, for ops run inside a forward
@@ -44,6 +47,7 @@ class ModuleCalls:
                                                call_columns(frame.f_code, frame.f_lineno, frame.f_lasti))
         self.path = self.path + (module,)
         self.modules[id(module)] = module
+        self.call_frames.append(self._note_call_frame(recorder.lines))
         if _is_user_module(module):
             # A forward the user wrote runs its ops at its own lines: the caller's line is kept, to
             # name what the call returns (`fake = G(z)`) and to say where the module was called.
@@ -59,9 +63,24 @@ class ModuleCalls:
                 self.open_calls.append((module, frame.f_code, frame.f_lineno, frame.f_lasti,
                                         len(recorder.ops), self.path, inputs))
 
+    def _note_call_frame(self, lines):
+        """The id of this call's `_wrapped_call_impl` frame (enter's caller is the hook, four frames
+        below it), after noting the user's line above it in `above`; None if the stack is not as expected."""
+        try:
+            frame = _getframe(5)  # _note_call_frame, enter, enter_module, inner, _call_impl: _wrapped_call_impl
+            if frame.f_code is not _WRAPPED_CALL_CODE:
+                return None
+            code, line = lines.user_line(frame.f_back, self.above)
+            self.above[id(frame)] = (code, line, None if code is None else lines.kinds[id(code)][1])
+            return id(frame)
+        except Exception:  # ValueError: a shallower stack; the ops of this call then walk all their frames
+            return None
+
     def leave(self, recorder, module, output):
         """A module's forward returned or raised (the always-called hook)."""
         self.path = self.path[:-1]
+        if self.call_frames:
+            self.above.pop(self.call_frames.pop(), None)
         if self.open_calls and self.open_calls[-1][0] is module:
             self._end_call(recorder, output)
 
@@ -98,6 +117,8 @@ class ModuleCalls:
     def release(self):
         """The block is over, and freeze.py has named its modules: never hold them past it."""
         self.path = ()
+        self.call_frames = []
+        self.above = {}
         self.modules = {}
         self.open_calls = []
         self.op_modules = {}
