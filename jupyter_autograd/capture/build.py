@@ -219,13 +219,14 @@ def _tensors(recorder, trace, frozen):
     folded_created = len(table.folded_created)
     wanted = _referenced_tensors(recorder, frozen) if recorder.folding.count else None
     grads = []  # (info, its gradient): their first values are read together, at the end
+    plain_shapes = _PlainShapes()
     for t_id, meta in enumerate(metas) if wanted is None else ((t, metas[t]) for t in sorted(wanted)):
         shape, dtype, device, requires_grad, is_leaf, created_by, base, alias_of = meta
         if created_by is None and folded_created:
             created_by = table.created_by(t_id)
         dtype_name = names.get(dtype) or names.setdefault(dtype, str(dtype).replace("torch.", ""))
         device_name = names.get(device) or names.setdefault(device, str(device))
-        info = TensorInfo(tid=t_id, shape=_plain_shape(shape), dtype=dtype_name,
+        info = TensorInfo(tid=t_id, shape=plain_shapes.of(shape), dtype=dtype_name,
                           device=device_name, requires_grad=bool(requires_grad), is_leaf=bool(is_leaf),
                           created_by=created_by, base=base, data_alias_of=alias_of,
                           first_requires_grad=bool(requires_grad), owner=frozen.param_owner.get(t_id),
@@ -266,6 +267,20 @@ def _referenced_tensors(recorder, frozen) -> set:
                 wanted.add(other)
                 todo.append(other)
     return wanted
+
+
+class _PlainShapes(dict):
+    """_plain_shape of each distinct shape, worked out once: a model's thousand tensors share a few dozen."""
+
+    def __missing__(self, shape):
+        plain = self[shape] = _plain_shape(shape)
+        return plain
+
+    def of(self, shape) -> tuple:
+        try:
+            return self[shape]
+        except TypeError:  # a size that cannot be hashed (a symbolic one)
+            return _plain_shape(shape)
 
 
 def _plain_shape(shape) -> tuple:
@@ -416,12 +431,13 @@ def _graph(recorder, trace):
                 info.grad_fn = trace.nodes[key].name
     latest: Dict[tuple, SavedSlot] = {}
     dtype_names: Dict[object, str] = {}
+    plain_shapes = _PlainShapes()
     for op_index, kind, roots, raw_slots, inputs, retain in recorder.backward.checkpoints:
         cp = Checkpoint(op_index=op_index, kind=kind, roots=list(roots), inputs=[k for _, k in inputs],
                         input_tids=[t for t, _ in inputs], retain=retain)
         for raw in raw_slots:
             slot = SavedSlot(*raw)
-            slot.shape = _plain_shape(slot.shape)
+            slot.shape = plain_shapes.of(slot.shape)
             dtype = dtype_names.get(slot.dtype)
             if dtype is None:
                 dtype = dtype_names[slot.dtype] = str(slot.dtype).replace("torch.", "")
