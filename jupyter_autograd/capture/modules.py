@@ -38,20 +38,21 @@ class ModuleCalls:
 
     def enter(self, recorder, module, args):
         """A module's forward is about to run (the pre-hook, five frames below the call)."""
+        wrapped = _wrapped_call_frame()
         if not self.path and id(module) not in self.call_sites:
             # The user's line that called the model (`logits = model(x)`): its name for the model. Only
             # a line that calls it itself: `trainer.train()` runs the model from inside a library.
-            frame = _module_caller(recorder.lines, direct=True)
+            frame = _module_caller(recorder.lines, wrapped, direct=True)
             if frame is not None:
                 self.call_sites[id(module)] = (frame.f_code.co_filename, frame.f_lineno,
                                                call_columns(frame.f_code, frame.f_lineno, frame.f_lasti))
         self.path = self.path + (module,)
         self.modules[id(module)] = module
-        self.call_frames.append(self._note_call_frame(recorder.lines))
+        self.call_frames.append(self._note_call_frame(recorder.lines, wrapped))
         if _is_user_module(module):
             # A forward the user wrote runs its ops at its own lines: the caller's line is kept, to
             # name what the call returns (`fake = G(z)`) and to say where the module was called.
-            frame = _module_caller(recorder.lines)
+            frame = _module_caller(recorder.lines, wrapped)
             if frame is not None:
                 try:
                     inputs = recorder.tensors.argument_tids(args)
@@ -63,17 +64,16 @@ class ModuleCalls:
                 self.open_calls.append((module, frame.f_code, frame.f_lineno, frame.f_lasti,
                                         len(recorder.ops), self.path, inputs))
 
-    def _note_call_frame(self, lines):
-        """The id of this call's `_wrapped_call_impl` frame (enter's caller is the hook, four frames
-        below it), after noting the user's line above it in `above`; None if the stack is not as expected."""
+    def _note_call_frame(self, lines, wrapped):
+        """The id of this call's `_wrapped_call_impl` frame `wrapped`, after noting the user's line above it
+        in `above`; None without one (the ops of this call then walk all their frames)."""
+        if wrapped is None:
+            return None
         try:
-            frame = _getframe(5)  # _note_call_frame, enter, enter_module, inner, _call_impl: _wrapped_call_impl
-            if frame.f_code is not _WRAPPED_CALL_CODE:
-                return None
-            code, line = lines.user_line(frame.f_back, self.above)
-            self.above[id(frame)] = (code, line, None if code is None else lines.kinds[id(code)][1])
-            return id(frame)
-        except Exception:  # ValueError: a shallower stack; the ops of this call then walk all their frames
+            code, line = lines.user_line(wrapped.f_back, self.above)
+            self.above[id(wrapped)] = (code, line, None if code is None else lines.kinds[id(code)][1])
+            return id(wrapped)
+        except Exception:  # never let the tool break the user's call; lose only the shortcut
             return None
 
     def leave(self, recorder, module, output):
@@ -135,17 +135,23 @@ class ModuleCalls:
         return part
 
 
-def _module_caller(lines, direct=False):
+def _wrapped_call_frame():
+    """The `_wrapped_call_impl` frame of the module call whose pre-hook runs ModuleCalls.enter, or None
+    when the stack is not as expected."""
+    try:
+        frame = _getframe(5)  # _wrapped_call_frame, enter, enter_module, inner, _call_impl: _wrapped_call_impl
+    except ValueError:
+        return None
+    return frame if frame.f_code is _WRAPPED_CALL_CODE else None
+
+
+def _module_caller(lines, wrapped, direct=False):
     """The innermost frame of user code above the module call that runs our pre-hook (with
     `direct`, only if that frame makes the call itself, else None). Walking there frame by frame
     makes a frame object of each frame passed; the hook runs five frames below the call (inner,
-    _call_impl, _wrapped_call_impl), so the walk starts there when the stack is as expected, and
-    from the hook's caller otherwise."""
-    try:
-        frame = _getframe(5)  # _module_caller, enter, _enter_module, inner, _call_impl: _wrapped_call_impl
-    except ValueError:
-        frame = None
-    frame = frame.f_back if frame is not None and frame.f_code is _WRAPPED_CALL_CODE else _getframe(3)
+    _call_impl, _wrapped_call_impl), so the walk starts above `wrapped` when the stack is as expected,
+    and from the hook's caller otherwise."""
+    frame = wrapped.f_back if wrapped is not None else _getframe(3)  # _module_caller, enter, enter_module: the hook's caller
     kinds = lines.kinds
     while frame is not None:
         entry = kinds.get(id(frame.f_code)) or lines.entry(frame)

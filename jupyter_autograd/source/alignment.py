@@ -118,12 +118,6 @@ class Alignment:
                               lambda tid: self.made_in_statement(op.index, tid) if self.units()[op.index] else None)
 
 
-def _of_torch(node: ast.AST) -> bool:
-    """`torch.float64`, `torch.strided`: an attribute of the torch module is a constant of torch's, never a
-    tensor of the user's."""
-    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch"
-
-
 def windows(nearby: List[OpRecord], op: OpRecord, size: int) -> Iterator[List[OpRecord]]:
     """The stretches of `nearby` holding `op` that one execution of a statement with `size` operations
     could have run."""
@@ -307,7 +301,8 @@ class Reading:
         """The operands of `node` that may hold a tensor made before the window: names, attributes,
         elements of containers and calls that ran no op of the window."""
         return [e for e in self.operands[id(node)] if id(e) not in ran
-                and isinstance(e, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)) and not _of_torch(e)]
+                and isinstance(e, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
+                and not (isinstance(e, ast.Attribute) and self._torch(e))]  # `torch.float64`: torch's, no tensor
 
     def name_of(self, op: OpRecord, node: ast.AST, tid: int, window: List[OpRecord],
                 matched: Dict[int, ast.AST]) -> Optional[str]:

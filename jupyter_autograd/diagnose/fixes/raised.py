@@ -163,15 +163,20 @@ def checkpoint_under_transform_fix(src: str) -> str:
             % (NO_ONE_LINE_FIX, keep))
 
 
-def _without_checkpoint(src: str) -> Optional[str]:
-    code_part = src.partition("#")[0]
-    tree = parse_fresh(code_part.strip())
+def _one_call(src: str, names) -> Optional[tuple]:
+    """(the tree of the one-statement line `src`, its one call of a function named in `names`), or None."""
+    tree = parse_fresh(src.partition("#")[0].strip())
     if tree is None or len(tree.body) != 1:
         return None
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).rpartition(".")[2] == "checkpoint"]
-    if len(calls) != 1 or not calls[0].args or any(isinstance(a, ast.Starred) for a in calls[0].args[:1]):
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).rpartition(".")[2] in names]
+    return (tree, calls[0]) if len(calls) == 1 else None
+
+
+def _without_checkpoint(src: str) -> Optional[str]:
+    found = _one_call(src, ("checkpoint",))
+    if found is None or not found[1].args or isinstance(found[1].args[0], ast.Starred):
         return None
-    call = calls[0]
+    tree, call = found
     options = {"use_reentrant", "preserve_rng_state", "determinism_check", "debug", "context_fn"}
     call.func, call.args = call.args[0], call.args[1:]
     call.keywords = [k for k in call.keywords if k.arg not in options]
@@ -199,15 +204,10 @@ def _non_reentrant_runs_under_forward_transforms() -> bool:
 
 
 def _non_reentrant(src: str) -> Optional[str]:
-    code_part = src.partition("#")[0]
-    tree = parse_fresh(code_part.strip())
-    if tree is None or len(tree.body) != 1:
+    found = _one_call(src, ("checkpoint", "checkpoint_sequential"))
+    if found is None:
         return None
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
-             and ast.unparse(n.func).rpartition(".")[2] in ("checkpoint", "checkpoint_sequential")]
-    if len(calls) != 1:
-        return None
-    call = calls[0]
+    tree, call = found
     call.keywords = [k for k in call.keywords if k.arg != "use_reentrant"] + [
         ast.keyword(arg="use_reentrant", value=ast.Constant(False))]
     return ast.unparse(tree)
