@@ -25,8 +25,6 @@ from .starved import starved_terms
 
 NO_GRAD_FN = "does not require grad and does not have a grad_fn"
 _SETS_REQUIRES_GRAD = {"Tensor.requires_grad_", FREEZE_SETTER}
-# Ops whose only purpose is to stop the gradient: a term cut by one was cut on purpose.
-# Ops that add their inputs: a loss made of terms.
 
 
 def graph_cut(trace: TraceData, source) -> List[Finding]:

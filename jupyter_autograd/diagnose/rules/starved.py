@@ -40,7 +40,7 @@ from .cut_place import cut_fix, place_cut, where_at, why_cut
 
 # Ops whose result is a sum of their tensor inputs' elements (or a part of them): a term passes
 # through them unchanged in kind.
-_SUMS = {"add", "add_", "sub", "sub_", "rsub", "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__",
+_SUMS = ADDS | {
          "sum", "mean", "nansum", "neg", "neg_", "__neg__", "cat", "concat", "concatenate", "stack", "hstack", "vstack",
          "squeeze", "unsqueeze", "view", "view_as", "reshape", "reshape_as", "flatten", "expand", "expand_as",
          "__getitem__", "select", "narrow", "t", "transpose", "permute", "contiguous", "clone", "float", "double",
