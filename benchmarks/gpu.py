@@ -396,6 +396,46 @@ def memory_of(step, device):
             "kept_after_block_mib": kept}
 
 
+def collector_of(step, device, steps):
+    """What the tool costs Python's cyclic garbage collector: the objects it tracks that a built trace
+    keeps (each full collection walks all of them, for as long as the trace is kept), and the time the
+    collector took per step over `steps` diagnosed steps, with its full collections counted (a median
+    step time hides them: a full collection of a process that imported torch takes 100 ms or more)."""
+    import gc
+
+    runs = modes(step, device)
+    runs["diagnosed"]()
+    gc.collect()
+    before = len(gc.get_objects())
+    with ja.capture(namespace={}) as trace:
+        step()
+    trace.diagnoses
+    _sync(device)
+    gc.collect()
+    kept = len(gc.get_objects()) - before
+    # What a trace has to keep, one object each: its tensors, graph nodes, ops and saved tensors.
+    records = len(trace.tensors) + len(trace.nodes) + len(trace.ops) + sum(len(n.saved) for n in trace.nodes.values())
+    del trace
+    spent, full, began = [0.0], [0], [0.0]
+
+    def clock(phase, info):
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            spent[0] += time.perf_counter() - began[0]
+            full[0] += info["generation"] == 2
+
+    gc.collect()
+    gc.callbacks.append(clock)
+    try:
+        for _ in range(steps):
+            runs["diagnosed"]()
+    finally:
+        gc.callbacks.remove(clock)
+    return {"kept_objects": kept, "records": records, "gc_ms_per_step": 1000 * spent[0] / steps, "full_collections": full[0],
+            "steps": steps}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a smoke test: few rounds, two workloads, no verdicts")
@@ -435,6 +475,12 @@ def main(argv=None):
                   % (row["syncs"]["block"], row["syncs"]["read"], row["memory"]["plain_peak_mib"],
                      row["memory"]["captured_peak_mib"], row["memory"]["peak_ratio"] or 0,
                      row["memory"]["kept_after_block_mib"]))
+        row["collector"] = collector_of(step, device, 10 if args.quick else 100)
+        print("    garbage collector: a built trace keeps %d objects it tracks (for %d records); over %d diagnosed "
+              "steps it took %.1f ms per step, with %d full collections" % (
+                  row["collector"]["kept_objects"], row["collector"]["records"], row["collector"]["steps"],
+                  row["collector"]["gc_ms_per_step"],
+                  row["collector"]["full_collections"]))
         row["phases_ms"] = phases(step, device, reps)
         print("    where the added time goes, ms per step: " + ", ".join(
             "%s %.1f" % (label, ms) for label, ms in sorted(row["phases_ms"].items(), key=lambda kv: -kv[1])))

@@ -93,6 +93,11 @@ def test_quick_gpu_benchmark_reports_both_steps_at_their_real_op_counts_with_whe
                 "the diagnoses", "per-op path (the rest)"} <= set(phases)
         assert all(math.isfinite(ms) for ms in phases.values())
         assert row["syncs"] is None and row["memory"] is None  # counted and measured on CUDA only
+        # A built trace keeps about one object the cyclic GC tracks per record (tensor, node, op, saved
+        # tensor), not lists beside them: each full collection walks them all while the trace is kept.
+        collector = row["collector"]
+        assert 0 < collector["kept_objects"] <= 1.25 * collector["records"], collector
+        assert math.isfinite(collector["gc_ms_per_step"]) and collector["steps"] == 10
     assert "--quick is a smoke test" in proc.stdout and "where the added time goes" in proc.stdout
     assert not re.search(r"^\s+(met|MISSED)\s", proc.stdout, re.M)
 

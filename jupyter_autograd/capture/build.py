@@ -233,7 +233,7 @@ def _tensors(recorder, trace, frozen):
                           optimized=t_id in steps.optimized, is_parameter=t_id in table.parameters,
                           is_buffer=t_id in frozen.buffers,
                           stepped_with_grad=t_id in steps.stepped_with_grad, nonfinite_after=frozen.nonfinite.get(t_id),
-                          grad_norms=frozen.grad_norms.get(t_id, []), norm=frozen.leaf_norms.get(t_id))
+                          grad_norms=tuple(frozen.grad_norms.get(t_id, ())), norm=frozen.leaf_norms.get(t_id))
         if t_id in live:
             info.alive = True
             info.requires_grad, info.is_leaf, info.grad_fn, info.node, ref, info.version, info.elements = live[t_id]
@@ -348,6 +348,8 @@ def _ops(recorder, trace, locations, frozen):
     trace.modules = dict(frozen.module_classes)
     funcs = recorder.funcs
     nodes_of = recorder.nodes_of
+    tensors = trace.tensors
+    versions: Dict[int, list] = {}  # tid -> [(op index, its version after that op)]
     for index, rec in enumerate(recorder.ops):
         func = funcs[rec[OP_FUNC]]
         written = rec[OP_WR] or ()
@@ -365,15 +367,17 @@ def _ops(recorder, trace, locations, frozen):
                       out=err[2] if err is not None and len(err) > 2 else (), is_backward=func in BACKWARD_FUNCS)
         trace.ops.append(op)
         for t_id, vb, va in zip(op.inputs, op.versions_before, op.versions_after):
-            info = trace.tensors[t_id]
-            if not info.versions:
-                info.versions.append((-1 if info.created_by is None else info.created_by, vb))
+            seen = versions.get(t_id)
+            if seen is None:
+                created_by = tensors[t_id].created_by
+                seen = versions[t_id] = [(-1 if created_by is None else created_by, vb)]
             if va != vb:
-                info.versions.append((index, va))
+                seen.append((index, va))
         for t_id in op.outputs:
-            info = trace.tensors[t_id]
-            if not info.versions and info.created_by == index:
-                info.versions.append((index, 0))
+            if t_id not in versions and tensors[t_id].created_by == index:
+                versions[t_id] = [(index, 0)]
+    for t_id, seen in versions.items():
+        tensors[t_id].versions = tuple(seen)
 
 
 def _made_by(recorder) -> Dict[int, int]:
@@ -407,8 +411,8 @@ def _graph(recorder, trace):
                               "line and the op that made them" % (len(orphans), "" if len(orphans) == 1 else "s"))
     for key, (name, inputs, variable, consumed, _seen) in recorder.graph.nodes.items():
         trace.nodes[key] = GraphNode(key=key, name=name, created_by=made_by.get(key),
-                                     inputs=[k for k in inputs if k is not None], variable=variable,
-                                     consumed_by=list(consumed))
+                                     inputs=tuple(k for k in inputs if k is not None), variable=variable,
+                                     consumed_by=tuple(consumed))
     # The node an op made for its result: the live tensor's grad_fn where known, else the
     # last node of the op's range that is in the graph (F.linear makes TBackward, then Addmm).
     for op in trace.ops:
@@ -451,9 +455,12 @@ def _graph(recorder, trace):
         for r in roots:
             if r not in trace.roots:
                 trace.roots.append(r)
+    saved: Dict[int, list] = {}
     for (key, _), slot in latest.items():
         if key in trace.nodes:
-            trace.nodes[key].saved.append(slot)
+            saved.setdefault(key, []).append(slot)
+    for key, slots in saved.items():
+        trace.nodes[key].saved = tuple(slots)
 
 
 def _names(trace, source, found: Dict[int, str], variables: Dict[int, str]):

@@ -337,7 +337,7 @@ def build_calls(recorder, trace):
             children = entry[NODE_CHILDREN]
             drop = {children[i] for i in cut if i < len(children) and children[i] is not None}
             if drop:
-                node.inputs = [k for k in node.inputs if k not in drop]
+                node.inputs = tuple(k for k in node.inputs if k not in drop)
                 dropped |= drop
     _nan_op(recorder, trace)
     _writes_back(recorder, trace)
@@ -359,7 +359,7 @@ def build_calls(recorder, trace):
         reached = reachable(trace, cp.roots)
         for key, node in trace.nodes.items():
             if key < 0 and cp.op_index in node.consumed_by and key not in reached:
-                node.consumed_by.remove(cp.op_index)
+                node.consumed_by = tuple(i for i in node.consumed_by if i != cp.op_index)
 
 
 def _nan_op(recorder, trace):

@@ -46,7 +46,9 @@ class TensorInfo:
     created_by: Optional[int] = None     # index of the op that produced it
     base: Optional[int] = None           # tid of the tensor it is a view of
     data_alias_of: Optional[int] = None  # tid of the tensor whose `.data` this is (own version counter)
-    versions: List[Tuple[int, int]] = field(default_factory=list)  # (op index, version after that op)
+    # Tuples, not lists, here and below: a trace holds thousands of these records, and a tuple of ints
+    # leaves the cyclic GC's care where a list stays in it (each full collection walks every list kept).
+    versions: Tuple[Tuple[int, int], ...] = ()  # (op index, version after that op)
     alive: bool = False                  # still referenced by the user when the block ended
     node: Optional[int] = None           # key of its grad_fn node at the end of the block
     version: Optional[int] = None        # its version counter at the end of the block
@@ -61,7 +63,7 @@ class TensorInfo:
     elements: Optional[int] = None       # elements it holds at the end of the block, if alive (0: sharded away)
     # (backward op index, L2 norm of its .grad right after that call) for each checked backward
     # call that reached this leaf (calls 1, 2, 4, 8, ... and the last: see Trace.grad_stats)
-    grad_norms: List[Tuple[int, float]] = field(default_factory=list)
+    grad_norms: Tuple[Tuple[int, float], ...] = ()
     norm: Optional[float] = None         # for a leaf with grad_norms: its own L2 norm at the end of the block
 
     @property
@@ -134,10 +136,10 @@ class GraphNode:
     key: int
     name: str                            # MulBackward0, AccumulateGrad, ...
     created_by: Optional[int] = None     # op index
-    inputs: List[int] = field(default_factory=list)  # keys of next_functions, in order
-    saved: List[SavedSlot] = field(default_factory=list)
+    inputs: Tuple[int, ...] = ()         # keys of next_functions, in order (tuples: see TensorInfo.versions)
+    saved: Tuple[SavedSlot, ...] = ()
     variable: Optional[int] = None       # tid of the leaf, for AccumulateGrad
-    consumed_by: List[int] = field(default_factory=list)  # op indices of backward calls that ran it
+    consumed_by: Tuple[int, ...] = ()    # op indices of backward calls that ran it
 
 
 @dataclass(slots=True)
