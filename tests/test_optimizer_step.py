@@ -66,6 +66,44 @@ def test_each_step_is_one_op_at_the_users_line_with_what_it_wrote():
         assert trace.diagnoses == [] and trace.warnings == []
 
 
+def test_state_tensors_no_op_of_the_block_used_are_not_tracked():
+    """Adam's moments, written by every step but read by no op of the user's: no row, no write of the
+    step's op (half the tensors of a real training step, and what the block's end checks one by one)."""
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    _train(model, opt, 1)  # the state exists before the block
+    with ja.capture(namespace={"model": model}) as trace:
+        _train(model, opt, 3)
+    moments = {id(v) for state in opt.state.values() for k, v in state.items() if k.startswith("exp_avg")}
+    assert len(moments) == 8
+    used = {t for op in trace.ops if not op.name.endswith(".step") for t in op.inputs + op.outputs}
+    assert all(t in used or info.is_parameter for t, info in trace.tensors.items()), \
+        [info.shape for t, info in trace.tensors.items() if t not in used and not info.is_parameter]
+    params = {t.tid for t in trace.tensors.values() if t.is_parameter}
+    assert all(set(op.writes) == params for op in _step_ops(trace))
+
+
+def test_a_state_tensor_the_graph_saved_is_still_written_by_the_step():
+    """Used by the user's own graph (a loss reading Adam's first moment), the moment the step then
+    changes in place is what PyTorch's backward refuses: the step is the culprit, at its line."""
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    _train(model, opt, 1)
+    weight = model[2].weight
+    raised = None
+    with ja.capture(namespace={"model": model, "opt": opt}) as trace:
+        penalty = (weight * opt.state[weight]["exp_avg"]).sum()
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        try:
+            penalty.backward()
+        except RuntimeError as exc:
+            raised = exc
+    assert raised is not None and "modified by an inplace operation" in str(raised)
+    [found] = trace.diagnoses
+    assert found.kind == "saved-tensor-modified" and found.source == "opt.step()"
+
+
 def test_the_step_is_still_the_culprit_for_a_graph_that_needs_the_old_weights():
     model = _model()
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
