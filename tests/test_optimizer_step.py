@@ -1,5 +1,6 @@
 """A torch.optim step is recorded as one op at the user's `opt.step()` line, with every parameter
-and state tensor it wrote (capture/steps.py): what it changes is what the diagnosis needs,
+it wrote and the state tensors it wrote that the block used (capture/steps.py): what it changes
+is what the diagnosis needs,
 and its own calls (ten per parameter for Adam) were most of what capture cost per training step.
 Steps that can do more than write their parameters are still recorded call by call."""
 from __future__ import annotations
@@ -59,7 +60,7 @@ def test_each_step_is_one_op_at_the_users_line_with_what_it_wrote():
         params = {t.tid for t in trace.tensors.values() if t.name and t.name.startswith("model.")}
         assert len(params) == 4
         for op in steps:
-            assert params <= set(op.writes)  # every parameter, plus the optimizer's state tensors
+            assert params <= set(op.writes)  # every parameter
             assert len(op.write_ranges) == len(op.writes)
         # None of the optimizer's own calls is recorded as an op of its own.
         assert not [op for op in trace.ops if op.name in ("Tensor.addcdiv_", "Tensor.lerp_", "Tensor.add_")]
