@@ -6,6 +6,7 @@ GPT-2 under bf16 autocast.
     python benchmarks/gpu.py             # CUDA when there is one, else the CPU (a few minutes)
     python benchmarks/gpu.py --quick     # a smoke test that CI runs so this cannot rot (no verdicts)
     python benchmarks/gpu.py --profile   # also a cProfile of a diagnosed step, by function
+    python benchmarks/gpu.py --floor     # also an empty TorchFunctionMode and no-op module hooks: the floor
 
 Plain, capture, capture + diagnoses (the trace read) and anomaly mode run interleaved in one process, on
 one CPU thread, medians taken. On CUDA each step is synchronised before and after it is timed; the
@@ -239,6 +240,33 @@ def modes(step, device):
     return {"plain": plain, "capture": captured, "diagnosed": diagnosed, "anomaly": anomaly}
 
 
+def floor_modes(step):
+    """What any recorder built as this one is (a TorchFunctionMode, global module hooks) pays before it
+    records anything: the step under an empty mode (one that only calls the function), and under that
+    mode with global forward hooks that do nothing."""
+    from torch.overrides import TorchFunctionMode
+
+    class EmptyMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def empty_mode():
+        with EmptyMode():
+            step()
+
+    def empty_mode_and_hooks():
+        pre = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: None)
+        post = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: None, always_call=True)
+        try:
+            with EmptyMode():
+                step()
+        finally:
+            pre.remove()
+            post.remove()
+
+    return {"empty mode": empty_mode, "empty mode and hooks": empty_mode_and_hooks}
+
+
 def interleaved(runs, device, reps):
     """Milliseconds per run of each mode, medians of `reps` interleaved rounds."""
     for run in runs.values():  # warm up: caches, first compiled kernels, the tool's first block
@@ -440,6 +468,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a smoke test: few rounds, two workloads, no verdicts")
     parser.add_argument("--profile", action="store_true", help="print where the added time goes")
+    parser.add_argument("--floor", action="store_true", help="also time the step under an empty TorchFunctionMode, "
+                        "and with no-op global module hooks: the floor of any recorder built this way")
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--json", help="write the results to this file")
     args = parser.parse_args(argv)
@@ -454,11 +484,16 @@ def main(argv=None):
     print("%-28s %9s %9s %9s %9s   %s" % ("step", "plain ms", "+capture", "+diagnose", "anomaly", "ratios"))
     for name, make in workloads(device, quick=args.quick).items():
         step = make()
-        ms = interleaved(modes(step, device), device, reps)
+        ms = interleaved({**modes(step, device), **(floor_modes(step) if args.floor else {})}, device, reps)
         row = {"plain_ms": ms["plain"], "capture_added_ms": ms["capture"] - ms["plain"],
                "diagnosed_added_ms": ms["diagnosed"] - ms["plain"], "anomaly_ms": ms["anomaly"],
                "capture_x": ms["capture"] / ms["plain"], "diagnosed_x": ms["diagnosed"] / ms["plain"],
                "anomaly_x": ms["anomaly"] / ms["plain"]}
+        if args.floor:
+            row["floor_x"] = {name: ms[name] / ms["plain"] for name in floor_modes(step)}
+            print("    floor: an empty TorchFunctionMode %.2fx (+%.1f ms), with no-op global module hooks too %.2fx "
+                  "(+%.1f ms)" % (row["floor_x"]["empty mode"], ms["empty mode"] - ms["plain"],
+                                 row["floor_x"]["empty mode and hooks"], ms["empty mode and hooks"] - ms["plain"]))
         with ja.capture(namespace={}) as trace:
             step()
         row["ops"] = len(trace.ops)

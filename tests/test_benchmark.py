@@ -79,7 +79,7 @@ def test_quick_gpu_benchmark_reports_both_steps_at_their_real_op_counts_with_whe
     its own code, so another release may record a few more or fewer), each with the time the tool
     adds by phase; no verdict in quick mode."""
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--json", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--floor", "--json", str(out)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     results = json.loads(out.read_text())
@@ -88,6 +88,8 @@ def test_quick_gpu_benchmark_reports_both_steps_at_their_real_op_counts_with_whe
     for row in rows.values():
         for key in ("plain_ms", "capture_x", "diagnosed_x", "anomaly_x"):
             assert math.isfinite(row[key]) and row[key] > 0
+        assert set(row["floor_x"]) == {"empty mode", "empty mode and hooks"}
+        assert all(math.isfinite(x) and x > 0 for x in row["floor_x"].values())
         phases = row["phases_ms"]
         assert {"graph walks (before each backward, at the end)", "gradient norms", "building the trace",
                 "the diagnoses", "per-op path (the rest)"} <= set(phases)
