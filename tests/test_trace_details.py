@@ -126,3 +126,29 @@ def test_made_by_falls_back_to_bisecting_when_ranges_are_out_of_order():
     assert stub.node_ranges.in_order()
     assert build._made_by(stub) == {k: v for k in stub.graph.nodes if k >= 0
                                     if (v := stub.node_ranges.op_of_seq(k)) is not None}
+
+
+def test_the_node_a_tensor_had_at_an_op_is_the_grad_fn_pytorch_gave_it():
+    """model.queries.node_at, read against PyTorch's own grad_fn at each point of the program: a write
+    under no_grad keeps the node a tensor had (a weight's AccumulateGrad, a result's MulBackward0),
+    and a result of a node-making op that needs no grad (max's indices) has none."""
+    from jupyter_autograd.model.queries import node_at
+
+    w = torch.randn(4, requires_grad=True)
+    seen = {}
+    with ja.capture(namespace={"w": w}) as trace:
+        h = w * 2
+        with torch.no_grad():
+            h.add_(1)
+            w.mul_(0.5)
+        seen["h"] = h.grad_fn.name()
+        values, indices = h.max(0)
+        seen["indices"] = indices.grad_fn
+        z = (h * w).sum() + indices.float()
+        z.backward()
+    use = next(op for op in trace.ops if op.name == "Tensor.mul" and len(op.inputs) == 2)
+    h_tid, w_tid = use.inputs
+    assert trace.nodes[node_at(trace, h_tid, use.index)].name == seen["h"] == "MulBackward0"
+    assert node_at(trace, w_tid, use.index) == -1 - w_tid and trace.nodes[-1 - w_tid].name == "AccumulateGrad"
+    cast = next(op for op in trace.ops if op.name == "Tensor.float")
+    assert seen["indices"] is None and node_at(trace, cast.inputs[0], cast.index) is None

@@ -77,15 +77,30 @@ def _priority(key: int) -> float:
     return float("inf") if key < 0 else key
 
 
-def node_at(trace: TraceData, tid: int, op_index: int) -> Optional[int]:
-    """The key of the grad_fn that tensor `tid` had just before op `op_index` ran."""
-    for op in reversed(trace.ops[:op_index]):
-        if tid in op.outputs or (tid in op.writes and op.node is not None):
-            return op.node
+def node_at(trace: TraceData, tid: int, op_index: int,
+            makers: Optional[Dict[int, List[int]]] = None) -> Optional[int]:
+    """The key of the grad_fn that tensor `tid` had just before op `op_index` ran: for a leaf that
+    requires grad, its AccumulateGrad's (-1 - tid); None when it required no grad then. A write that
+    made no node (under no_grad: an optimizer step, an initialisation, `h.add_(1)`) leaves the tensor
+    the node it had; a result that needs no grad of an op that made a node (max's indices) has none.
+    `makers`: tid -> the indices, ascending, of the ops that made or wrote it, for a caller that asks
+    often (and chooses which ops count); else every op before `op_index` is looked at."""
     info = trace.tensors.get(tid)
-    if info is not None and info.is_leaf and info.first_requires_grad:
-        return -1 - tid
-    return None
+    requires = info is not None and info.first_requires_grad
+    if requires and info.is_leaf:
+        return -1 - tid  # a leaf that requires grad stays one: writes to it run under no_grad
+    ops = trace.ops
+    if makers is None:
+        candidates = (op for op in reversed(ops[:op_index]) if tid in op.outputs or tid in op.writes)
+    else:
+        indices = makers.get(tid, ())
+        candidates = (ops[k] for k in reversed(indices[:bisect.bisect_left(indices, op_index)]))
+    for op in candidates:
+        if op.node is not None and (tid in op.writes or tid in op.inputs or requires):
+            return op.node  # made with a graph, or written in place by an op that recorded a node
+        if tid in op.outputs and tid not in op.inputs and tid not in op.writes:
+            return None  # made here without a graph
+    return -1 - tid if requires else None
 
 
 def requires_grad(trace: TraceData, tid: int) -> bool:

@@ -30,7 +30,7 @@ import re
 from typing import Dict, List, Optional, Set, Tuple
 
 from ...model import OpRecord, TraceData
-from ...model.queries import FunctionCalls, exit_before, is_exit, made_from_values, reachable
+from ...model.queries import FunctionCalls, exit_before, is_exit, made_from_values, node_at, reachable
 from ...source.index import parse_statement
 from ..findings import Finding, Words
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, code, line_ref
@@ -150,21 +150,8 @@ class _View:
 
     def node(self, tid: int, before: int) -> Optional[int]:
         """The grad_fn (or, for a leaf that requires grad, its AccumulateGrad) of `tid` just before op
-        `before`; None when it did not require grad then."""
-        info = self.trace.tensors.get(tid)
-        if _is_parameter(self.trace, tid):
-            return -1 - tid  # a parameter: its writes under no_grad (the steps) leave it a leaf
-        at = before
-        while True:
-            op = self.maker(tid, at)
-            if op is None:
-                return -1 - tid if info is not None and info.first_requires_grad else None
-            if op.node is not None and (tid in op.writes or tid in op.inputs or
-                                        (info is not None and info.first_requires_grad)):
-                return op.node  # made with a graph, or written in place by an op that recorded a node
-            if tid in op.outputs and tid not in op.inputs and tid not in op.writes:
-                return None  # made here without a graph (a leaf made here returned above)
-            at = op.index  # a write without a node (an initialisation, a step) keeps what it had
+        `before`; None when it did not require grad then (queries.node_at, backward calls aside)."""
+        return node_at(self.trace, tid, before, self.makers)
 
     def reaches(self, node: int, targets: Set[int]) -> bool:
         """Whether the graph from `node` reaches the AccumulateGrad of one of the leaves `targets`."""
