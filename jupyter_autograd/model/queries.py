@@ -141,7 +141,7 @@ def switch_left_on(trace: TraceData, op: OpRecord) -> Optional[OpRecord]:
     switch, closed = found
     where, at = switch.location, op.location
     if closed and (not where.source.startswith(("with ", "async with "))
-                   or (where.filename, where.function, where.scope) == (at.filename, at.function, at.scope)
+                   or where.function_key == at.function_key
                    or _call_from_block(trace, op, switch) is not None):
         return None
     return switch
@@ -191,7 +191,7 @@ def _call_from_block(trace: TraceData, op: OpRecord, switch: OpRecord) -> Option
     for call in trace.calls:  # an enclosing call before those inside it
         at = call.location
         if call.first_op <= op.index < call.end_op and switch.index < call.first_op and at.line > where.line \
-                and (at.filename, at.function, at.scope) == (where.filename, where.function, where.scope):
+                and at.function_key == where.function_key:
             return call
     return None
 

@@ -29,6 +29,11 @@ class Location:
     def __str__(self) -> str:
         return "%s:%d" % (self.filename, self.line)
 
+    @property
+    def function_key(self) -> Tuple[str, str, int]:
+        """The function this line is in: equal for two lines of one function, in any call of it."""
+        return self.filename, self.function, self.scope
+
 
 @dataclass(slots=True)
 class TensorInfo:

@@ -62,8 +62,7 @@ class Alignment:
             return None
         found = self._unit_at.get(id(where))
         if found is None:
-            found = self._unit_at[id(where)] = (where.filename, where.function, where.scope,
-                                                self.index.first_line(where))
+            found = self._unit_at[id(where)] = where.function_key + (self.index.first_line(where),)
         return found
 
     def units(self) -> List[Optional[tuple]]:

@@ -50,8 +50,7 @@ def assignment_targets(trace: TraceData, alignment: Alignment) -> Dict[int, str]
     calls_from: Dict[tuple, List[int]] = {}
     for call in trace.calls:
         where = call.location
-        calls_from.setdefault((where.filename, where.function, where.scope, statements.first_line(where)),
-                              []).append(call.first_op)
+        calls_from.setdefault(where.function_key + (statements.first_line(where),), []).append(call.first_op)
     previous = None
     for i, op in enumerate(ops):
         unit = units[i]

@@ -212,12 +212,12 @@ class _View:
         if self.source is None or op.location is None:
             return []
         names = _added_names(parse_statement(self.source.text(op.location)))
-        where = (op.location.filename, op.location.function, op.location.scope)
+        where = op.location.function_key
         found = []
         for name in names:
             for other in reversed(self.trace.ops[since + 1:op.index]):
                 at = other.location
-                if not is_exit(other) or not other.inputs or at is None or (at.filename, at.function, at.scope) != where:
+                if not is_exit(other) or not other.inputs or at is None or at.function_key != where:
                     continue
                 if _assigned_name(parse_statement(self.source.text(at))) == name:
                     found.append(other)
