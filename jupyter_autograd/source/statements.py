@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..model import DATA_SWAP
 from .index import parse_statement
@@ -165,3 +165,37 @@ def dotted(node) -> Optional[str]:
     if not isinstance(node, ast.Name):
         return None
     return ".".join([node.id] + parts[::-1])
+
+
+def added_names(text: str) -> List[str]:
+    """The plain names in the operands of the sums of a statement, through products and quotients
+    (`l1 + adv`, `loss + 0.1 * adv`, `loss += adv / n`)."""
+    tree = parse_statement(text)
+    names = []
+
+    def operand(node):
+        if isinstance(node, ast.Name):
+            names.append(node.id)
+        elif isinstance(node, ast.BinOp):
+            operand(node.left)
+            operand(node.right)
+        elif isinstance(node, ast.UnaryOp):
+            operand(node.operand)
+
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+            operand(node.left)
+            operand(node.right)
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Add, ast.Sub)):
+            operand(node.value)
+    return list(dict.fromkeys(names))
+
+
+def assigned_name(text: str) -> Optional[str]:
+    """The one plain name a statement assigns (`adv = ...`), or None."""
+    tree = parse_statement(text)
+    body = getattr(tree, "body", None)
+    if not body or len(body) != 1 or not isinstance(body[0], ast.Assign) or len(body[0].targets) != 1:
+        return None
+    target = body[0].targets[0]
+    return target.id if isinstance(target, ast.Name) else None

@@ -24,14 +24,13 @@ Named at the cut, placed as graph-cut places a cut (cut_place.place_cut): where 
 the grad-off block's call, a grad-off decorator."""
 from __future__ import annotations
 
-import ast
 import bisect
 import re
 from typing import Dict, List, Optional, Set, Tuple
 
 from ...model import OpRecord, TraceData
 from ...model.queries import FunctionCalls, exit_before, is_exit, made_from_values, node_at, reachable
-from ...source.index import parse_statement
+from ...source.statements import added_names, assigned_name
 from ..findings import Finding, Words
 from ..fixes import NO_ONE_LINE_FIX, REPLACE, code, line_ref
 from ..wording import words
@@ -211,7 +210,7 @@ class _View:
         its numbers: the source links them."""
         if self.source is None or op.location is None:
             return []
-        names = _added_names(parse_statement(self.source.text(op.location)))
+        names = added_names(self.source.text(op.location))
         where = op.location.function_key
         found = []
         for name in names:
@@ -219,7 +218,7 @@ class _View:
                 at = other.location
                 if not is_exit(other) or not other.inputs or at is None or at.function_key != where:
                     continue
-                if _assigned_name(parse_statement(self.source.text(at))) == name:
+                if assigned_name(self.source.text(at)) == name:
                     found.append(other)
                     break
         return found
@@ -278,38 +277,6 @@ class _View:
         if short in STOP_GRADIENT or is_exit(op):
             return True
         return not op.grad_enabled and bool(op.outputs) and self.calls.enclosing(op) is None
-
-
-def _added_names(tree) -> List[str]:
-    """The plain names in the operands of the sums of a statement, through products and quotients
-    (`l1 + adv`, `loss + 0.1 * adv`, `loss += adv / n`)."""
-    names = []
-
-    def operand(node):
-        if isinstance(node, ast.Name):
-            names.append(node.id)
-        elif isinstance(node, ast.BinOp):
-            operand(node.left)
-            operand(node.right)
-        elif isinstance(node, ast.UnaryOp):
-            operand(node.operand)
-
-    for node in ast.walk(tree) if tree is not None else ():
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
-            operand(node.left)
-            operand(node.right)
-        elif isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Add, ast.Sub)):
-            operand(node.value)
-    return list(dict.fromkeys(names))
-
-
-def _assigned_name(tree) -> Optional[str]:
-    """The one plain name a statement assigns (`adv = ...`), or None."""
-    body = getattr(tree, "body", None)
-    if not body or len(body) != 1 or not isinstance(body[0], ast.Assign) or len(body[0].targets) != 1:
-        return None
-    target = body[0].targets[0]
-    return target.id if isinstance(target, ast.Name) else None
 
 
 def _linear_operands(trace: TraceData, view: _View, op: OpRecord, at: int) -> Optional[List[int]]:
