@@ -1,6 +1,6 @@
 """Optimizer steps: a step of a torch.optim optimizer is recorded as one op (the parameters it
-wrote, and the state tensors it wrote that the block also used elsewhere), and the parameters each optimizer updates are noted (the missing-grad rule asks
-which ones got none).
+wrote, and the state tensors it wrote that the block also used elsewhere), and the parameters
+each optimizer updates are noted (the missing-grad rule asks which ones got none).
 
 Its own calls (Adam: ten per parameter, all on the user's `opt.step()` line) run unrecorded:
 they were most of what capture cost in a training step. Our mode leaves the stack until the
