@@ -301,6 +301,19 @@ PHASES = [
 class _PhaseClock:
     def __init__(self):
         self.own, self.stack = {}, []
+        self.collecting = None
+
+    def collector(self, phase, info):
+        """gc.callbacks: a collection is a phase of its own, not of the phase it interrupts (a full one
+        takes 100 ms or more, and lands wherever the allocation that set it off was)."""
+        if phase == "start":
+            self.collecting = time.perf_counter()
+        elif self.collecting is not None:
+            spent = time.perf_counter() - self.collecting
+            self.collecting = None
+            self.own[COLLECTOR] = self.own.get(COLLECTOR, 0.0) + spent
+            if self.stack:
+                self.stack[-1] += spent
 
     def wrap(self, label, func):
         def timed(*args, **kwargs):
@@ -317,9 +330,13 @@ class _PhaseClock:
         return timed
 
 
+COLLECTOR = "garbage collector"
+
+
 def phases(step, device, reps):
-    """Milliseconds per step of each phase of the tool, and of the per-op path (what is left of the time
-    capture adds), from `reps` diagnosed steps next to as many plain ones."""
+    """Milliseconds per step of each phase of the tool, of the garbage collector, and of the per-op path
+    (what is left of the time capture adds), from `reps` diagnosed steps next to as many plain ones."""
+    import gc
     import importlib
     runs = modes(step, device)
     clock = _PhaseClock()
@@ -335,13 +352,20 @@ def phases(step, device, reps):
         for _ in range(2):
             runs["diagnosed"]()
         clock.own.clear()
+        clock.own[COLLECTOR] = 0.0
         plain, diagnosed = [], []
         for _ in range(reps):
             for samples, run in ((plain, runs["plain"]), (diagnosed, runs["diagnosed"])):
                 _sync(device)
+                if samples is diagnosed:
+                    gc.callbacks.append(clock.collector)
                 start = time.perf_counter()
-                run()
-                _sync(device)
+                try:
+                    run()
+                    _sync(device)
+                finally:
+                    if samples is diagnosed:
+                        gc.callbacks.remove(clock.collector)
                 samples.append((time.perf_counter() - start) * 1000)
     finally:
         for module, name, original in patched:

@@ -92,7 +92,7 @@ def test_quick_gpu_benchmark_reports_both_steps_at_their_real_op_counts_with_whe
         assert all(math.isfinite(x) and x > 0 for x in row["floor_x"].values())
         phases = row["phases_ms"]
         assert {"graph walks (before each backward, at the end)", "gradient norms", "building the trace",
-                "the diagnoses", "per-op path (the rest)"} <= set(phases)
+                "the diagnoses", "garbage collector", "per-op path (the rest)"} <= set(phases)
         assert all(math.isfinite(ms) for ms in phases.values())
         assert row["syncs"] is None and row["memory"] is None  # counted and measured on CUDA only
         # A built trace keeps about one object the cyclic GC tracks per record (tensor, node, op, saved
