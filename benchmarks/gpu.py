@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import contextlib
+import gc
 import io
 import os
 import pstats
@@ -298,22 +300,43 @@ PHASES = [
 ]
 
 
+class _Collections:
+    """In a `with`, one of gc.callbacks: the seconds Python's cyclic collector took and its full
+    collections; `then(seconds)`, if given, is told each collection's time when it ends."""
+
+    def __init__(self, then=None):
+        self.spent, self.full, self.then, self.began = 0.0, 0, then, None
+
+    def __call__(self, phase, info):
+        if phase == "start":
+            self.began = time.perf_counter()
+        elif self.began is not None:
+            spent = time.perf_counter() - self.began
+            self.began = None
+            self.spent += spent
+            self.full += info["generation"] == 2
+            if self.then is not None:
+                self.then(spent)
+
+    def __enter__(self):
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self)
+        return False
+
+
 class _PhaseClock:
     def __init__(self):
         self.own, self.stack = {}, []
-        self.collecting = None
 
-    def collector(self, phase, info):
-        """gc.callbacks: a collection is a phase of its own, not of the phase it interrupts (a full one
-        takes 100 ms or more, and lands wherever the allocation that set it off was)."""
-        if phase == "start":
-            self.collecting = time.perf_counter()
-        elif self.collecting is not None:
-            spent = time.perf_counter() - self.collecting
-            self.collecting = None
-            self.own[COLLECTOR] = self.own.get(COLLECTOR, 0.0) + spent
-            if self.stack:
-                self.stack[-1] += spent
+    def collected(self, spent):
+        """A collection is a phase of its own, not of the phase it interrupts (a full one takes 100 ms
+        or more, and lands wherever the allocation that set it off was)."""
+        self.own[COLLECTOR] = self.own.get(COLLECTOR, 0.0) + spent
+        if self.stack:
+            self.stack[-1] += spent
 
     def wrap(self, label, func):
         def timed(*args, **kwargs):
@@ -336,10 +359,10 @@ COLLECTOR = "garbage collector"
 def phases(step, device, reps):
     """Milliseconds per step of each phase of the tool, of the garbage collector, and of the per-op path
     (what is left of the time capture adds), from `reps` diagnosed steps next to as many plain ones."""
-    import gc
     import importlib
     runs = modes(step, device)
     clock = _PhaseClock()
+    collections = _Collections(clock.collected)
     patched = []
     for label, module_name, name in PHASES:
         module = importlib.import_module(module_name)
@@ -357,15 +380,10 @@ def phases(step, device, reps):
         for _ in range(reps):
             for samples, run in ((plain, runs["plain"]), (diagnosed, runs["diagnosed"])):
                 _sync(device)
-                if samples is diagnosed:
-                    gc.callbacks.append(clock.collector)
                 start = time.perf_counter()
-                try:
+                with collections if samples is diagnosed else contextlib.nullcontext():
                     run()
                     _sync(device)
-                finally:
-                    if samples is diagnosed:
-                        gc.callbacks.remove(clock.collector)
                 samples.append((time.perf_counter() - start) * 1000)
     finally:
         for module, name, original in patched:
@@ -421,8 +439,6 @@ def memory_of(step, device):
     tool keeps nothing). On the CPU, None."""
     if device.type != "cuda":
         return None
-    import gc
-
     mib = 1 / 2 ** 20
 
     def peak_of(run):
@@ -453,8 +469,6 @@ def collector_of(step, device, steps):
     keeps (each full collection walks all of them, for as long as the trace is kept), and the time the
     collector took per step over `steps` diagnosed steps, with its full collections counted (a median
     step time hides them: a full collection of a process that imported torch takes 100 ms or more)."""
-    import gc
-
     runs = modes(step, device)
     runs["diagnosed"]()
     gc.collect()
@@ -468,24 +482,12 @@ def collector_of(step, device, steps):
     # What a trace has to keep, one object each: its tensors, graph nodes, ops and saved tensors.
     records = len(trace.tensors) + len(trace.nodes) + len(trace.ops) + sum(len(n.saved) for n in trace.nodes.values())
     del trace
-    spent, full, began = [0.0], [0], [0.0]
-
-    def clock(phase, info):
-        if phase == "start":
-            began[0] = time.perf_counter()
-        else:
-            spent[0] += time.perf_counter() - began[0]
-            full[0] += info["generation"] == 2
-
     gc.collect()
-    gc.callbacks.append(clock)
-    try:
+    with _Collections() as collections:
         for _ in range(steps):
             runs["diagnosed"]()
-    finally:
-        gc.callbacks.remove(clock)
-    return {"kept_objects": kept, "records": records, "gc_ms_per_step": 1000 * spent[0] / steps, "full_collections": full[0],
-            "steps": steps}
+    return {"kept_objects": kept, "records": records, "gc_ms_per_step": 1000 * collections.spent / steps,
+            "full_collections": collections.full, "steps": steps}
 
 
 def main(argv=None):

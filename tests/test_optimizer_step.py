@@ -91,15 +91,13 @@ def test_a_state_tensor_the_graph_saved_is_still_written_by_the_step():
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     _train(model, opt, 1)
     weight = model[2].weight
-    raised = None
-    with ja.capture(namespace={"model": model, "opt": opt}) as trace:
+
+    def before_step():
         penalty = (weight * opt.state[weight]["exp_avg"]).sum()
         model(torch.randn(3, 4)).sum().backward()
-        opt.step()
-        try:
-            penalty.backward()
-        except RuntimeError as exc:
-            raised = exc
+        return penalty
+
+    trace, raised = _backward_after_step(opt, {"model": model, "opt": opt}, before_step)
     assert raised is not None and "modified by an inplace operation" in str(raised)
     [found] = trace.diagnoses
     assert found.kind == "saved-tensor-modified" and found.source == "opt.step()"
@@ -109,19 +107,31 @@ def test_the_step_is_still_the_culprit_for_a_graph_that_needs_the_old_weights():
     model = _model()
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     x = torch.randn(3, 4)
-    raised = None
-    with ja.capture(namespace={"model": model}) as trace:
+
+    def before_step():
         loss = model(x).sum()
         loss.backward(retain_graph=True)
+        return loss
+
+    trace, raised = _backward_after_step(opt, {"model": model}, before_step)
+    assert raised is not None and "modified by an inplace operation" in str(raised)
+    [found] = trace.diagnoses
+    assert found.kind == "saved-tensor-modified" and found.source == "opt.step()"
+    assert found.tensor == "model.2.weight" and found.predicted
+
+
+def _backward_after_step(opt, namespace, before_step):
+    """Under capture: `before_step()` (it returns a loss), `opt.step()`, then that loss's backward.
+    (The trace, what that backward raised or None.)"""
+    raised = None
+    with ja.capture(namespace=namespace) as trace:
+        loss = before_step()
         opt.step()
         try:
             loss.backward()
         except RuntimeError as exc:
             raised = exc
-    assert raised is not None and "modified by an inplace operation" in str(raised)
-    [found] = trace.diagnoses
-    assert found.kind == "saved-tensor-modified" and found.source == "opt.step()"
-    assert found.tensor == "model.2.weight" and found.predicted
+    return trace, raised
 
 
 def _an_inplace_bug():
