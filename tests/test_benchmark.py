@@ -88,7 +88,9 @@ def test_quick_gpu_benchmark_reports_both_steps_at_their_real_op_counts_with_whe
     for row in rows.values():
         for key in ("plain_ms", "capture_x", "diagnosed_x", "anomaly_x"):
             assert math.isfinite(row[key]) and row[key] > 0
-        assert set(row["floor_x"]) == {"empty mode", "empty mode and hooks"}
+        # The tool takes its mode off the stack while an optimizer step runs: its floor is the empty
+        # mode's over the forward and backward, not over the step's own hundreds of calls.
+        assert set(row["floor_x"]) == {"empty mode", "empty mode off in steps", "empty mode off in steps and hooks"}
         assert all(math.isfinite(x) and x > 0 for x in row["floor_x"].values())
         phases = row["phases_ms"]
         assert {"graph walks (before each backward, at the end)", "gradient norms", "building the trace",
