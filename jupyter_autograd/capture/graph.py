@@ -119,6 +119,8 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
     by_pointer = _PointerIndex(recorder.graph, tensors)
     backward = op_index if kind == "backward" else None
     last_write = recorder.last_write
+    folded_runs = recorder.folding.node_runs if recorder.folding.nodes else None
+    op_of_seq = recorder.node_ranges.op_of_seq
     while stack:
         fn, key = stack.pop()
         if id(fn) in held:
@@ -133,7 +135,8 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
         if entry is None:
             variable = tensors.tid(fn.variable) if type(fn) is _ACCUMULATE_GRAD else None
             child_keys = tuple([k for _, k in children])
-            name, runs = _node_name(fn), recorder.folding.node_runs(key)
+            name = _node_names.get(type(fn)) or _node_name(fn)
+            runs = folded_runs(key) if folded_runs is not None else ()
         else:
             name, child_keys, variable, runs = entry[NODE_NAME], entry[NODE_CHILDREN], entry[NODE_LEAF], entry[NODE_RUNS]
         if backward is not None and (not runs or runs[-1] != backward):  # indices only grow
@@ -152,18 +155,16 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
         for c in children:
             if c[0] is not None and id(c[0]) not in held:
                 stack.append(c)
-        names = saved_names(fn)
+        names = _saved_names_by_type.get(type(fn))
+        if names is None:
+            names = saved_names(fn)
         if names:
-            made_by = None if key < 0 else recorder.node_ranges.op_of_seq(key)
+            made_by = None if key < 0 else op_of_seq(key)
             # Only a write after the node was made can have changed what it saved.
             check = made_by is None or last_write > made_by
-            # An empty slot is freed if a backward that did not retain the graph ran this node
-            # before; otherwise it was never saved (its input needed no gradient).
-            retained = recorder.backward.retained
-            ran_before = any(b < op_index and not retained.get(b, False) for b in entry[NODE_RUNS])
             for name, raw_attr, check_attr in names:
                 slots.extend(_slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check,
-                                       ran_before))
+                                       entry, op_index))
     if len(held) > DEEP_GRAPH:
         _allow_deep_graph_deletion()
     walked = list(held.values()) if backward is not None and recorder.check_nan else ()
@@ -198,18 +199,33 @@ def _allow_deep_graph_deletion():
 STACK_RAISED = [None]  # (old, new) soft stack limit, once raised
 
 
-def _slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check=True, ran_before=False):
+def _ran_before(entry, op_index, retained):
+    """Whether a backward that did not retain the graph ran this node before op `op_index`."""
+    return any(b < op_index and not retained.get(b, False) for b in entry[NODE_RUNS])
+
+
+def _freed_slot(key, slot):
+    return (key, slot, None, (), "", None, None, False, True, None, False, False)
+
+
+def _slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check, entry, op_index):
+    """The slots of one saved attribute of node `fn`. An empty slot is freed if a backward that did
+    not retain the graph ran the node before; otherwise it was never saved (its input needed no
+    gradient)."""
     try:
         raw = getattr(fn, raw_attr)
     except RuntimeError:  # lists of saved tensors raise once an earlier backward freed them
-        return [(key, name, None, (), "", None, None, False, True, None, False, False)]
-    if isinstance(raw, (list, tuple)):
+        return (_freed_slot(key, name),)
+    if type(raw) is list or type(raw) is tuple:
         items = [("%s[%d]" % (name, i), r) for i, r in enumerate(raw)]
-    else:
-        items = [(name, raw)]
+        hooked = any(saved.unpack_hook is not None for _, saved in items)
+    else:  # one saved tensor: the usual case
+        items = ((name, raw),)
+        hooked = raw.unpack_hook is not None
     stale, versions = None, None
     out = []
-    hooked = any(saved.unpack_hook is not None for _, saved in items)
+    tensors = recorder.tensors
+    tid_of, refs = tensors.tid_of, tensors.refs
     for slot, saved in items:
         if hooked:
             # Packed by a saved-tensor hook (checkpointing, save_on_cpu, the user's own): checking
@@ -219,18 +235,20 @@ def _slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check=T
             continue
         data = saved.data
         if data is None:
-            if ran_before:
-                out.append((key, slot, None, (), "", None, None, False, True, None, False, False))
+            if _ran_before(entry, op_index, recorder.backward.retained):
+                out.append(_freed_slot(key, slot))
             continue  # never saved: that input needed no gradient
         if stale is None:
             stale, versions = _check(fn, check_attr) if check else (False, None)
-        t_id = recorder.tensors.known(data)
+        t_id = tid_of.get(id(data))  # tensors.known, written out
+        if t_id is not None and refs[t_id]() is not data:
+            t_id = None
         is_output = t_id is None
         if is_output:
             # Saved outputs and views made inside a call (weight.t() in F.linear) come back as
             # new tensor objects: find the recorded tensor they alias.
             base = data._base
-            t_id = recorder.tensors.known(base) if base is not None else None
+            t_id = tensors.known(base) if base is not None else None
             if t_id is None:
                 t_id = _match_output(recorder, fn, data)
             if t_id is None:
