@@ -73,7 +73,7 @@ def freeze(recorder, namespaces: Iterable[dict]) -> Frozen:
             fn, is_leaf = _graph_of(t)
             # The grad is summarised when the trace is built, read through the weak reference.
             live[t_id] = (bool(t.requires_grad), is_leaf,
-                          None if fn is None else fn.name().rpartition("::")[2],
+                          None if fn is None else graph_snapshot.node_name(fn),
                           None if fn is None else graph_snapshot.node_key(fn, tensors), ref,
                           None if t.is_inference() else t._version, _elements(t))
     try:

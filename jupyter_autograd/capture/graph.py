@@ -58,7 +58,7 @@ def node_key(node, tensors):
     return node._sequence_nr()
 
 
-def _node_name(node):
+def node_name(node):
     """MulBackward0, AccumulateGrad, ...: one string per node type, shared by all its nodes (a
     long loop makes millions of nodes)."""
     cls = type(node)
@@ -135,7 +135,7 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
         if entry is None:
             variable = tensors.tid(fn.variable) if type(fn) is _ACCUMULATE_GRAD else None
             child_keys = tuple([k for _, k in children])
-            name = _node_names.get(type(fn)) or _node_name(fn)
+            name = _node_names.get(type(fn)) or node_name(fn)
             runs = folded_runs(key) if folded_runs is not None else ()
         else:
             name, child_keys, variable, runs = entry[NODE_NAME], entry[NODE_CHILDREN], entry[NODE_LEAF], entry[NODE_RUNS]
