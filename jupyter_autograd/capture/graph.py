@@ -121,6 +121,7 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
     last_write = recorder.last_write
     folded_runs = recorder.folding.node_runs if recorder.folding.nodes else None
     op_of_seq = recorder.node_ranges.op_of_seq
+    tensor_tid = tensors.tid
     while stack:
         fn, key = stack.pop()
         if id(fn) in held:
@@ -131,10 +132,12 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
             continue  # walked before, and nothing was written since: the same subgraph, the same slots
         # Each child's key is computed once, here, and travels with it on the stack (a leaf's key
         # costs a tensor lookup).
-        children = [(c, None if c is None else node_key(c, tensors)) for c, _ in fn.next_functions]
+        nexts = fn.next_functions
+        keys = [None if c is None else c._sequence_nr() if type(c) is not _ACCUMULATE_GRAD
+                else -1 - tensor_tid(c.variable) for c, _ in nexts]  # node_key, written out
         if entry is None:
-            variable = tensors.tid(fn.variable) if type(fn) is _ACCUMULATE_GRAD else None
-            child_keys = tuple([k for _, k in children])
+            variable = tensor_tid(fn.variable) if type(fn) is _ACCUMULATE_GRAD else None
+            child_keys = tuple(keys)
             name = _node_names.get(type(fn)) or node_name(fn)
             runs = folded_runs(key) if folded_runs is not None else ()
         else:
@@ -152,9 +155,9 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
             leaves.append(variable)
         else:
             entry = nodes[key] = (name, child_keys, None, tuple(runs), op_index)
-        for c in children:
-            if c[0] is not None and id(c[0]) not in held:
-                stack.append(c)
+        for (c, _), k in zip(nexts, keys):
+            if c is not None and id(c) not in held:
+                stack.append((c, k))
         names = _saved_names_by_type.get(type(fn))
         if names is None:
             names = saved_names(fn)
@@ -164,7 +167,7 @@ def _walk(recorder, roots, op_index, kind, inputs=(), retain=True):
             check = made_by is None or last_write > made_by
             for name, raw_attr, check_attr in names:
                 slots.extend(_slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check,
-                                       entry, op_index))
+                                       entry, op_index, made_by))
     if len(held) > DEEP_GRAPH:
         _allow_deep_graph_deletion()
     walked = list(held.values()) if backward is not None and recorder.check_nan else ()
@@ -208,8 +211,8 @@ def _freed_slot(key, slot):
     return (key, slot, None, (), "", None, None, False, True, None, False, False)
 
 
-def _slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check, entry, op_index):
-    """The slots of one saved attribute of node `fn`. An empty slot is freed if a backward that did
+def _slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check, entry, op_index, made_by):
+    """The slots of one saved attribute of node `fn` (made by op `made_by`). An empty slot is freed if a backward that did
     not retain the graph ran the node before; otherwise it was never saved (its input needed no
     gradient)."""
     try:
@@ -250,7 +253,7 @@ def _slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check, 
             base = data._base
             t_id = tensors.known(base) if base is not None else None
             if t_id is None:
-                t_id = _match_output(recorder, fn, data)
+                t_id = _match_output(recorder, made_by, data)
             if t_id is None:
                 t_id = by_pointer(data)
         current = data._version
@@ -276,8 +279,9 @@ def _check(fn, attr):
 
 
 class _PointerIndex:
-    """The recorded tensor a saved tensor's memory belongs to (GraphRecord.pointer_index); entries of
-    dead tensors are dropped when met."""
+    """The recorded tensor a saved tensor's memory belongs to (GraphRecord.pointer_index: data pointer
+    -> a tid, or a list of the tids when several share it); entries of dead tensors are dropped when
+    met."""
 
     def __init__(self, graph, tensors):
         self.graph, self.tensors = graph, tensors
@@ -289,29 +293,44 @@ class _PointerIndex:
             t = refs[t_id]()
             if t is not None:
                 try:
-                    index.setdefault(t.data_ptr(), []).append(t_id)
+                    ptr = t.data_ptr()
                 except Exception:
                     continue
+                # Most pointers belong to one tensor: a list for each would be one more object per
+                # tensor for the cyclic GC.
+                held = index.get(ptr)
+                if held is None:
+                    index[ptr] = t_id
+                elif type(held) is int:
+                    index[ptr] = [held, t_id]
+                else:
+                    held.append(t_id)
         graph.pointer_indexed = len(refs)
         try:
             ptr = data.data_ptr()
         except Exception:
             return None
+        held = index.get(ptr)
+        if held is None:
+            return None
         candidates = []
-        for t_id in index.get(ptr, ()):
+        for t_id in ((held,) if type(held) is int else held):
             t = refs[t_id]()
             if t is not None and t.data_ptr() == ptr:
                 candidates.append(t_id)
-        index[ptr] = candidates
+        if not candidates:
+            del index[ptr]
+            return None
+        index[ptr] = candidates[0] if len(candidates) == 1 else candidates
         metas = self.tensors.meta
         # The original tensor rather than a `.data` alias or a view of it.
         plain = [t for t in candidates if metas[t][META_ALIAS] is None and metas[t][META_BASE] is None]
-        return (plain or candidates or [None])[0]
+        return (plain or candidates)[0]
 
 
-def _match_output(recorder, fn, data):
-    """A saved output comes back as a new tensor object: find the recorded tensor it aliases."""
-    op_index = recorder.node_ranges.op_of_seq(fn._sequence_nr())
+def _match_output(recorder, op_index, data):
+    """A saved output comes back as a new tensor object: find the recorded tensor it aliases among the
+    outputs of op `op_index` (the op that made its node)."""
     ptr, shape = data.data_ptr(), shape_of(data)
     candidates = recorder.ops[op_index][OP_OUT] if op_index is not None else ()
     refs, metas = recorder.tensors.refs, recorder.tensors.meta
