@@ -306,6 +306,16 @@ def _grad_of(t):
 _FIRST = 6  # values shown of a gradient
 
 
+def _first_values(g):
+    """The first values of a gradient, flat: for a plain contiguous one, one view op rather than three."""
+    if type(g) is torch.Tensor and not g.requires_grad and g.is_contiguous():
+        try:
+            return g.as_strided((min(_FIRST, g.numel()),), (1,))
+        except Exception:  # a dtype or backend without as_strided: the general way
+            pass
+    return g.detach().reshape(-1)[:_FIRST]
+
+
 def _summarise_grads(grads) -> None:
     """Each gradient's first values, shape and size as text (info.grad). The values of the plain
     strided gradients of one device are read in one copy to the host (one sync on a GPU, where
@@ -315,7 +325,7 @@ def _summarise_grads(grads) -> None:
         try:
             if g.layout is not torch.strided or g.is_nested:
                 raise ValueError
-            first = g.detach().reshape(-1)[:_FIRST]
+            first = _first_values(g)
         except Exception:  # layouts without a flat view (sparse, nested)
             info.grad = "tensor(shape=%s, layout=%s)" % (_plain_shape(shape_of(g)), str(g.layout).replace("torch.", ""))
             continue
@@ -333,10 +343,18 @@ def _summarise_grads(grads) -> None:
             n = first.numel()
             values = flat[at:at + n]
             at += n
-            if not is_complex and not first.is_floating_point():
-                values = [int(v) for v in values]
-            info.grad = "tensor([%s%s]) shape=%s" % (", ".join(_number(v) for v in values),
-                                                     ", ..." if g.numel() > _FIRST else "", _plain_shape(g.shape))
+            if is_complex:
+                text = ", ".join(_number(v) for v in values)
+            elif first.is_floating_point():
+                text = _FLOATS[n] % tuple(values)  # as _number writes each, in one format
+            else:
+                text = _INTS[n] % tuple([int(v) for v in values])
+            info.grad = "tensor([%s%s]) shape=%s" % (text, ", ..." if g.numel() > _FIRST else "",
+                                                     _plain_shape(tuple(g.shape)))
+
+
+_FLOATS = [", ".join(["%.4g"] * n) for n in range(_FIRST + 1)]
+_INTS = [", ".join(["%d"] * n) for n in range(_FIRST + 1)]
 
 
 def _number(v) -> str:

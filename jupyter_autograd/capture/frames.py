@@ -151,6 +151,24 @@ def call_columns(code, line, lasti):
 def call_span(code, lasti):
     """(first line, first column, end line, end column) of the call a frame is making (UTF-8
     columns), where Python knows them (3.11+): a call may be written over several lines."""
+    key = (id(code), lasti)
+    known = _spans.get(key)
+    if known is not None and known[0] is code:
+        return known[1]
+    span = _read_span(code, lasti)
+    if len(_spans) >= _SPANS_KEPT:
+        _spans.clear()
+    _spans[key] = (code, span)  # the code object is kept with its id: no other can take it
+    return span
+
+
+# (id(code), last instruction) -> (code, its call span): a training loop's block meets the same call
+# sites at every step, and reading one walks the code's positions from its start.
+_spans = {}
+_SPANS_KEPT = 4096
+
+
+def _read_span(code, lasti):
     try:
         first_line, end_line, first, end = next(itertools.islice(code.co_positions(), lasti // 2, None))
     except (AttributeError, StopIteration, ValueError, TypeError):
