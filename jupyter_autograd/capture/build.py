@@ -430,9 +430,10 @@ def _graph(recorder, trace):
         trace.warnings.append("%d tensor%s made by calls cut off at the recursion limit: shown without the "
                               "line and the op that made them" % (len(orphans), "" if len(orphans) == 1 else "s"))
     for key, (name, inputs, variable, consumed, _seen) in recorder.graph.nodes.items():
-        trace.nodes[key] = GraphNode(key=key, name=name, created_by=made_by.get(key),
-                                     inputs=tuple(k for k in inputs if k is not None), variable=variable,
-                                     consumed_by=tuple(consumed))
+        if type(inputs) is not tuple or None in inputs:  # most nodes have no empty input: their tuple is kept
+            inputs = tuple(k for k in inputs if k is not None)
+        trace.nodes[key] = GraphNode(key=key, name=name, created_by=made_by.get(key), inputs=inputs, variable=variable,
+                                     consumed_by=consumed if type(consumed) is tuple else tuple(consumed))
     # The node an op made for its result: the live tensor's grad_fn where known, else the
     # last node of the op's range that is in the graph (F.linear makes TBackward, then Addmm).
     for op in trace.ops:
@@ -446,7 +447,9 @@ def _graph(recorder, trace):
                 result = info.node
         if result is None:
             # A node no checkpoint walked (a graph dropped before the end) is still the last one made.
-            result = next((k for k in range(end - 1, first - 1, -1) if k in trace.nodes), end - 1)
+            result = end - 1
+            if result not in trace.nodes:
+                result = next((k for k in range(end - 2, first - 1, -1) if k in trace.nodes), end - 1)
         op.node = result
     for info in trace.tensors.values():
         if info.grad_fn is None and info.created_by is not None and info.requires_grad and not info.is_leaf:
