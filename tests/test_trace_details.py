@@ -152,3 +152,57 @@ def test_the_node_a_tensor_had_at_an_op_is_the_grad_fn_pytorch_gave_it():
     assert node_at(trace, w_tid, use.index) == -1 - w_tid and trace.nodes[-1 - w_tid].name == "AccumulateGrad"
     cast = next(op for op in trace.ops if op.name == "Tensor.float")
     assert seen["indices"] is None and node_at(trace, cast.inputs[0], cast.index) is None
+
+
+def _run_order(root):
+    """Hooks on every node of root's graph that note, as backward runs them, each node's name and
+    sequence number (None for a leaf's AccumulateGrad, which has none of its own)."""
+    ran, seen, stack = [], set(), [root.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        acc = type(node) is torch._C._functions.AccumulateGrad
+
+        def note(grad_outputs, node=node, acc=acc):
+            ran.append((node.name().rpartition("::")[2], None if acc else node._sequence_nr()))
+        node.register_prehook(note)
+        stack.extend(child for child, _ in node.next_functions)
+    return ran
+
+
+def test_engine_order_is_the_order_pytorchs_engine_runs_the_nodes():
+    """queries.engine_order against PyTorch itself: a pre-hook on each node notes when the engine runs
+    it (one CPU thread), on graphs with skip connections, shared inputs, a node feeding another twice
+    and leaves met at several depths."""
+    from jupyter_autograd.model.queries import engine_order
+    torch.manual_seed(0)
+
+    def branches(w, b, x):
+        h = torch.tanh(x @ w)
+        return ((h * h).sum() + (h + b).relu().mean() + (x @ w).sum()) * 2
+
+    def residual(w, b, x):
+        h = x
+        for _ in range(3):
+            h = h + torch.relu(h @ w + b)  # the skip connection and the block meet again
+        return h.pow(2).sum()
+
+    def shared(w, b, x):
+        y = w * w  # one node feeding the next twice
+        return (y.exp() * y.sin()).sum() + (b * w.sum()).sum()
+
+    for build in (branches, residual, shared):
+        w = torch.randn(4, 4, requires_grad=True)
+        b = torch.randn(4, requires_grad=True)
+        x = torch.randn(3, 4)
+        with ja.capture() as trace:
+            loss = build(w, b, x)
+            ran = _run_order(loss)
+            loss.backward()
+        cp = next(cp for cp in trace.checkpoints if cp.kind == "backward")
+        predicted = [(trace.nodes[k].name, None if k < 0 else k) for k in engine_order(trace, cp)]
+        # The leaves' AccumulateGrad nodes have no number: among several ready at once, either may go first.
+        assert [r for r in ran if r[1] is not None] == [p for p in predicted if p[1] is not None], build.__name__
+        assert [i for i, r in enumerate(ran) if r[1] is None] == [i for i, p in enumerate(predicted) if p[1] is None]

@@ -25,34 +25,43 @@ def engine_order(trace: TraceData, cp: Checkpoint) -> List[int]:
     reach = reachable(trace, cp.roots)
     if cp.inputs:
         reach = leading_to(trace, reach, cp.inputs)
+    feeds: Dict[int, List[int]] = {}  # node -> the nodes it feeds within reach, each once
     waiting: Dict[int, int] = {}
     for key in reach:
-        for child in set(nodes[key].inputs):
-            if child in reach:
-                waiting[child] = waiting.get(child, 0) + 1
-    ready = [(-_priority(k), k) for k in dict.fromkeys(cp.roots) if k in reach and not waiting.get(k)]
+        inputs = nodes[key].inputs
+        children = [child for child in (set(inputs) if len(inputs) > 1 else inputs) if child in reach]
+        feeds[key] = children
+        for child in children:
+            waiting[child] = waiting.get(child, 0) + 1
+    ready = [(_NO_SEQUENCE if k < 0 else -k, k) for k in dict.fromkeys(cp.roots) if k in reach and not waiting.get(k)]
     heapq.heapify(ready)
     order = []
     while ready:
         _, key = heapq.heappop(ready)
         order.append(key)
-        for child in set(nodes[key].inputs):
-            if child in reach:
-                waiting[child] -= 1
-                if waiting[child] == 0:
-                    heapq.heappush(ready, (-_priority(child), child))
+        for child in feeds[key]:
+            left = waiting[child] - 1
+            waiting[child] = left
+            if left == 0:
+                heapq.heappush(ready, (_NO_SEQUENCE if child < 0 else -child, child))
     return order
+
+
+_NO_SEQUENCE = -float("inf")  # the heap's key of a node with no sequence number (AccumulateGrad): first
 
 
 def reachable(trace: TraceData, roots: Iterable[int]) -> Set[int]:
     """The nodes reachable from `roots` through next_functions (the roots included)."""
+    nodes = trace.nodes
     seen: Set[int] = set()
-    stack = [r for r in roots if r in trace.nodes]
+    stack = [r for r in roots if r in nodes]
     while stack:
         key = stack.pop()
         if key not in seen:
             seen.add(key)
-            stack.extend(k for k in trace.nodes[key].inputs if k in trace.nodes and k not in seen)
+            for k in nodes[key].inputs:
+                if k not in seen and k in nodes:
+                    stack.append(k)
     return seen
 
 
@@ -71,10 +80,6 @@ def leading_to(trace: TraceData, within: Iterable[int], targets: Iterable[int]) 
             found.add(key)
             stack.extend(parents.get(key, ()))
     return found
-
-
-def _priority(key: int) -> float:
-    return float("inf") if key < 0 else key
 
 
 def node_at(trace: TraceData, tid: int, op_index: int,
