@@ -8,6 +8,7 @@ GPT-2 under bf16 autocast.
     python benchmarks/gpu.py --profile   # also a cProfile of a diagnosed step, by function
     python benchmarks/gpu.py --floor     # also an empty TorchFunctionMode (off during optimizer steps, as
                                          # the tool's) and no-op module hooks: the floor
+    python benchmarks/gpu.py --others    # also a minimal Python record and torch.profiler
 
 Plain, capture, capture + diagnoses (the trace read) and anomaly mode run interleaved in one process, on
 one CPU thread, medians taken. On CUDA each step is synchronised before and after it is timed; the
@@ -304,6 +305,68 @@ def floor_modes(step):
             "empty mode off in steps and hooks": and_hooks}
 
 
+def other_recorders(step):
+    """Other ways of recording the same step, each timed against the plain step in its own rounds (a
+    profiler's results, turned into Python objects at its exit, would set off collections in the
+    tool's runs): a Python mode that keeps the least an op's record needs (the ids and versions of
+    its tensors before and after, its result's id, its caller's code and line; off the stack during
+    optimizer steps, as the tool's mode), and PyTorch's profiler, which records in C++, with CPU
+    activity alone and with shapes and memory (the tensor identities a record of writes needs)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    from torch.overrides import TorchFunctionMode, _pop_mode, _push_mode
+    from torch.profiler import ProfilerActivity, profile
+
+    plain_tensor, property_call = torch.Tensor, type(torch.Tensor.data.__get__)
+
+    class MinimalRecord(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.ops, self.popped = [], None
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if type(func) is property_call:
+                return func(*args, **kwargs) if kwargs else func(*args)
+            tensors = [a for a in args if type(a) is plain_tensor]
+            before = tuple([t._version for t in tensors])
+            result = func(*args, **kwargs) if kwargs else func(*args)
+            caller = sys._getframe(1)
+            self.ops.append((func, tuple(map(id, tensors)), before, tuple([t._version for t in tensors]),
+                             id(result), caller.f_code, caller.f_lineno))
+            return result
+
+        def before_step(self, optimizer, args, kwargs):
+            n = torch._C._len_torch_function_stack()
+            if n and torch._C._get_function_stack_at(n - 1) is self:
+                self.popped = _pop_mode()
+
+        def after_step(self, optimizer, args, kwargs):
+            if self.popped is not None:
+                _push_mode(self.popped)
+                self.popped = None
+
+    def minimal_record():
+        mode = MinimalRecord()
+        pre = register_optimizer_step_pre_hook(mode.before_step)
+        post = register_optimizer_step_post_hook(mode.after_step)
+        try:
+            with mode:
+                step()
+        finally:
+            pre.remove()
+            post.remove()
+
+    def profiler():
+        with profile(activities=[ProfilerActivity.CPU]):
+            step()
+
+    def profiler_with_shapes_and_memory():
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True):
+            step()
+
+    return {"minimal record": minimal_record, "profiler": profiler,
+            "profiler with shapes and memory": profiler_with_shapes_and_memory}
+
+
 def interleaved(runs, device, reps):
     """Milliseconds per run of each mode, medians of `reps` interleaved rounds."""
     for run in runs.values():  # warm up: caches, first compiled kernels, the tool's first block
@@ -532,6 +595,8 @@ def main(argv=None):
     parser.add_argument("--floor", action="store_true", help="also time the step under an empty TorchFunctionMode, "
                         "that mode off the stack during optimizer steps (as the tool's is), and that with no-op "
                         "global module hooks: the floor of any recorder built this way")
+    parser.add_argument("--others", action="store_true", help="also time other ways of recording: a minimal Python "
+                        "record and torch.profiler, each in rounds of its own with the plain step")
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--json", help="write the results to this file")
     args = parser.parse_args(argv)
@@ -551,6 +616,15 @@ def main(argv=None):
                "diagnosed_added_ms": ms["diagnosed"] - ms["plain"], "anomaly_ms": ms["anomaly"],
                "capture_x": ms["capture"] / ms["plain"], "diagnosed_x": ms["diagnosed"] / ms["plain"],
                "anomaly_x": ms["anomaly"] / ms["plain"]}
+        if args.others:
+            others = other_recorders(step)
+            added = {}
+            for way, run in others.items():
+                times = interleaved({"plain": modes(step, device)["plain"], way: run}, device, reps)
+                added[way] = times[way] - times["plain"]
+            row["others_added_ms"] = added
+            print("    other ways of recording, ms added: a minimal Python record %.1f; torch.profiler %.1f, with shapes "
+                  "and memory %.1f" % (added["minimal record"], added["profiler"], added["profiler with shapes and memory"]))
         if args.floor:
             row["floor_x"] = {name: ms[name] / ms["plain"] for name in floor_modes(step)}
             added = {name: ms[name] - ms["plain"] for name in floor_modes(step)}

@@ -79,7 +79,8 @@ def test_quick_gpu_benchmark_reports_both_steps_at_their_real_op_counts_with_whe
     its own code, so another release may record a few more or fewer), each with the time the tool
     adds by phase; no verdict in quick mode."""
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--floor", "--json", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--floor", "--others", "--json",
+                           str(out)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     results = json.loads(out.read_text())
@@ -92,6 +93,8 @@ def test_quick_gpu_benchmark_reports_both_steps_at_their_real_op_counts_with_whe
         # mode's over the forward and backward, not over the step's own hundreds of calls.
         assert set(row["floor_x"]) == {"empty mode", "empty mode off in steps", "empty mode off in steps and hooks"}
         assert all(math.isfinite(x) and x > 0 for x in row["floor_x"].values())
+        assert set(row["others_added_ms"]) == {"minimal record", "profiler", "profiler with shapes and memory"}
+        assert all(math.isfinite(ms) for ms in row["others_added_ms"].values())
         phases = row["phases_ms"]
         assert {"graph walks (before each backward, at the end)", "gradient norms", "building the trace",
                 "the diagnoses", "garbage collector", "per-op path (the rest)"} <= set(phases)
