@@ -32,7 +32,7 @@ class GraphRecord:
 
     def __init__(self):
         self.nodes = {}
-        self.pointer_index = {}   # data pointer -> tids
+        self.pointer_index = {}   # data pointer -> a tid, or a list of tids (_PointerIndex)
         self.pointer_indexed = 0  # tids below this are in pointer_index
 
     def forget(self, first, end):
@@ -212,9 +212,9 @@ def _freed_slot(key, slot):
 
 
 def _slots_of(fn, key, name, raw_attr, check_attr, recorder, by_pointer, check, entry, op_index, made_by):
-    """The slots of one saved attribute of node `fn` (made by op `made_by`). An empty slot is freed if a backward that did
-    not retain the graph ran the node before; otherwise it was never saved (its input needed no
-    gradient)."""
+    """The slots of one saved attribute of node `fn` (made by op `made_by`). An empty slot is freed
+    if a backward that did not retain the graph ran the node before; otherwise it was never saved
+    (its input needed no gradient)."""
     try:
         raw = getattr(fn, raw_attr)
     except RuntimeError:  # lists of saved tensors raise once an earlier backward freed them
