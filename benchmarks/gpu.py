@@ -244,59 +244,56 @@ def modes(step, device):
     return {"plain": plain, "capture": captured, "diagnosed": diagnosed, "anomaly": anomaly}
 
 
+def _run_off_in_steps(mode, step):
+    """Run `step` under `mode`, with the mode off the stack while an optimizer step runs, as the tool
+    takes its own (global optimizer step hooks, removed after)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    from torch.overrides import _pop_mode, _push_mode
+    popped = []
+
+    def before(optimizer, args, kwargs):
+        n = torch._C._len_torch_function_stack()
+        if n and torch._C._get_function_stack_at(n - 1) is mode:
+            popped.append(_pop_mode())
+
+    def after(optimizer, args, kwargs):
+        if popped:
+            _push_mode(popped.pop())
+
+    pre = register_optimizer_step_pre_hook(before)
+    post = register_optimizer_step_post_hook(after)
+    try:
+        with mode:
+            step()
+    finally:
+        pre.remove()
+        post.remove()
+
+
 def floor_modes(step):
     """What any recorder built as this one is (a TorchFunctionMode, global module hooks) pays before it
     records anything: the step under an empty mode (one that only calls the function); the same with
     the mode off the stack while an optimizer step runs, as the tool's is (the step's own calls, a
     thousand in a ResNet-50's AdamW step on the CPU, never reach it); and that with global forward
     hooks that do nothing."""
-    from torch.overrides import TorchFunctionMode, _pop_mode, _push_mode
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    from torch.overrides import TorchFunctionMode
 
     class EmptyMode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
-
-    class OffInSteps:
-        """Global optimizer step hooks that take the empty mode off the stack for the step."""
-
-        def __init__(self):
-            self.mode, self.popped = None, None
-
-        def before(self, optimizer, args, kwargs):
-            if self.mode is not None and torch._C._len_torch_function_stack() and \
-                    torch._C._get_function_stack_at(torch._C._len_torch_function_stack() - 1) is self.mode:
-                self.popped = _pop_mode()
-
-        def after(self, optimizer, args, kwargs):
-            if self.popped is not None:
-                _push_mode(self.popped)
-                self.popped = None
-
-        def run(self):
-            self.mode = EmptyMode()
-            pre = register_optimizer_step_pre_hook(self.before)
-            post = register_optimizer_step_post_hook(self.after)
-            try:
-                with self.mode:
-                    step()
-            finally:
-                self.mode = None
-                pre.remove()
-                post.remove()
 
     def empty_mode():
         with EmptyMode():
             step()
 
     def empty_mode_off_in_steps():
-        OffInSteps().run()
+        _run_off_in_steps(EmptyMode(), step)
 
     def and_hooks():
         pre = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: None)
         post = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: None, always_call=True)
         try:
-            OffInSteps().run()
+            _run_off_in_steps(EmptyMode(), step)
         finally:
             pre.remove()
             post.remove()
@@ -312,8 +309,7 @@ def other_recorders(step):
     its tensors before and after, its result's id, its caller's code and line; off the stack during
     optimizer steps, as the tool's mode), and PyTorch's profiler, which records in C++, with CPU
     activity alone and with shapes and memory (the tensor identities a record of writes needs)."""
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-    from torch.overrides import TorchFunctionMode, _pop_mode, _push_mode
+    from torch.overrides import TorchFunctionMode
     from torch.profiler import ProfilerActivity, profile
 
     plain_tensor, property_call = torch.Tensor, type(torch.Tensor.data.__get__)
@@ -321,7 +317,7 @@ def other_recorders(step):
     class MinimalRecord(TorchFunctionMode):
         def __init__(self):
             super().__init__()
-            self.ops, self.popped = [], None
+            self.ops = []
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             if type(func) is property_call:
@@ -334,26 +330,8 @@ def other_recorders(step):
                              id(result), caller.f_code, caller.f_lineno))
             return result
 
-        def before_step(self, optimizer, args, kwargs):
-            n = torch._C._len_torch_function_stack()
-            if n and torch._C._get_function_stack_at(n - 1) is self:
-                self.popped = _pop_mode()
-
-        def after_step(self, optimizer, args, kwargs):
-            if self.popped is not None:
-                _push_mode(self.popped)
-                self.popped = None
-
     def minimal_record():
-        mode = MinimalRecord()
-        pre = register_optimizer_step_pre_hook(mode.before_step)
-        post = register_optimizer_step_post_hook(mode.after_step)
-        try:
-            with mode:
-                step()
-        finally:
-            pre.remove()
-            post.remove()
+        _run_off_in_steps(MinimalRecord(), step)
 
     def profiler():
         with profile(activities=[ProfilerActivity.CPU]):
